@@ -1,0 +1,181 @@
+//! `cni-ledger gc`: replay DEL for every stale record and report what became of it.
+
+use crate::gc::{self, Report};
+use anyhow::{Context, Result};
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value_os_t = super::ledger_dir_default())]
+    ledger_dir: PathBuf,
+    /// Decide and report, but change nothing and run no plugin.
+    #[arg(long)]
+    dry_run: bool,
+    /// Print one JSON object instead of the human summary.
+    #[arg(long)]
+    json: bool,
+    /// Ignore backoff: retry every stale record now.
+    #[arg(long)]
+    now: bool,
+    /// Also retry records marked failed.
+    #[arg(long)]
+    retry_failed: bool,
+    /// Only records of this network.
+    #[arg(long)]
+    network: Option<String>,
+    /// Leave records younger than this alone (unless the node rebooted since).
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    grace: u64,
+    /// Kill a plugin that has not answered DEL after this long.
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    timeout: u64,
+    /// JSON array of {"containerID","ifname"} still valid; unlisted records of the
+    /// network(s) concerned are stale.
+    #[arg(long, value_name = "FILE")]
+    valid_attachments: Option<PathBuf>,
+    /// libcni's cache directory (prevResult and config fallback).
+    #[arg(long, default_value = "/var/lib/cni", value_name = "DIR")]
+    cni_cache_dir: PathBuf,
+    /// Where to look for today's conflist when neither snapshot nor cache has one.
+    #[arg(long, value_name = "DIR")]
+    conf_dir: Option<PathBuf>,
+    /// Plugin directories to use instead of each record's CNI_PATH.
+    #[arg(long, value_name = "DIRS")]
+    cni_path: Option<String>,
+    /// Attempts before a record is marked failed and left for an operator.
+    #[arg(long, default_value_t = 24)]
+    max_attempts: u32,
+    /// Records replayed in parallel (never two replays of one record).
+    #[arg(long, default_value_t = 4)]
+    jobs: usize,
+    /// Append log lines here instead of stderr.
+    #[arg(long, value_name = "FILE")]
+    log_file: Option<PathBuf>,
+}
+
+#[derive(serde::Deserialize)]
+struct Attachment {
+    #[serde(rename = "containerID")]
+    container_id: String,
+    ifname: String,
+}
+
+fn read_valid(path: &PathBuf) -> Result<HashSet<(String, String)>> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let list: Vec<Attachment> = serde_json::from_slice(&bytes).with_context(|| {
+        format!(
+            "{}: expected [{{\"containerID\",\"ifname\"}}]",
+            path.display()
+        )
+    })?;
+    Ok(list
+        .into_iter()
+        .map(|a| (a.container_id, a.ifname))
+        .collect())
+}
+
+pub fn run(args: Args) -> Result<i32> {
+    crate::logging::init(args.log_file.as_deref());
+    let mut opts = gc::Options::new(args.ledger_dir);
+    opts.dry_run = args.dry_run;
+    opts.ignore_backoff = args.now;
+    opts.retry_failed = args.retry_failed;
+    opts.network = args.network;
+    opts.grace_secs = args.grace as i64;
+    opts.timeout = Duration::from_secs(args.timeout.max(1));
+    opts.valid = args
+        .valid_attachments
+        .as_ref()
+        .map(read_valid)
+        .transpose()?;
+    opts.cache_dir = args.cni_cache_dir;
+    opts.conf_dir = args.conf_dir;
+    opts.cni_path = args.cni_path.map(|p| std::env::split_paths(&p).collect());
+    opts.max_attempts = args.max_attempts.max(1);
+    opts.jobs = args.jobs.max(1);
+    let report = gc::run(&opts)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_human(&report);
+    }
+    Ok(report.exit_code())
+}
+
+fn print_human(r: &Report) {
+    let s = &r.summary;
+    println!(
+        "{}stale {}, replayed {}, retrying {}, failed {}, skipped {}, live {}, damaged {}",
+        if r.dry_run { "dry run: " } else { "" },
+        s.stale,
+        s.replayed,
+        s.retrying,
+        s.failed,
+        s.skipped,
+        s.live,
+        s.damaged
+    );
+    if !r.records.is_empty() {
+        let rows: Vec<Vec<String>> = r
+            .records
+            .iter()
+            .map(|rec| {
+                let detail = match rec.action {
+                    "replayed" => format!(
+                        "via {} ({})",
+                        rec.config_source.unwrap_or("-"),
+                        rec.plugins
+                            .iter()
+                            .map(|p| p.plugin_type.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                    "retrying" | "failed" | "skip-backoff" | "skip-failed" => format!(
+                        "try {} {}{}",
+                        rec.attempts,
+                        rec.last_error.as_deref().unwrap_or(""),
+                        rec.next_attempt_at
+                            .as_deref()
+                            .filter(|_| rec.action != "failed" && rec.action != "skip-failed")
+                            .map(|t| format!("; next at {t}"))
+                            .unwrap_or_default()
+                    ),
+                    _ => String::new(),
+                };
+                vec![
+                    rec.network.clone(),
+                    rec.container_id.clone(),
+                    rec.ifname.clone(),
+                    rec.reason.to_string(),
+                    rec.action.to_string(),
+                    detail,
+                ]
+            })
+            .collect();
+        println!();
+        super::print_table(
+            &[
+                "NETWORK",
+                "CONTAINER",
+                "IFNAME",
+                "REASON",
+                "ACTION",
+                "DETAIL",
+            ],
+            &rows,
+        );
+    }
+    for d in &r.damaged {
+        println!(
+            "damaged: {} ({}){}",
+            d.file,
+            d.reason,
+            d.quarantined_to
+                .as_ref()
+                .map(|q| format!(" -> {q}"))
+                .unwrap_or_default()
+        );
+    }
+}

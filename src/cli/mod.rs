@@ -1,0 +1,99 @@
+//! The command-line face: selected when `CNI_COMMAND` is not set.
+
+mod gc;
+mod inject;
+mod list;
+mod verify;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "cni-ledger",
+    version,
+    about = "Records every CNI ADD durably and replays DEL for sandboxes that vanished"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// List recorded attachments with their liveness.
+    List(list::Args),
+    /// Replay DEL for every recorded attachment whose sandbox is gone.
+    Gc(gc::Args),
+    /// Put cni-ledger first in conflists (or take it out with --remove).
+    Inject(inject::Args),
+    /// Check every record and snapshot; exit 1 on any damage. Changes nothing.
+    Verify(verify::Args),
+}
+
+pub fn ledger_dir_default() -> PathBuf {
+    PathBuf::from(crate::cni::config::DEFAULT_LEDGER_DIR)
+}
+
+/// Runs the CLI; returns the exit status (2 for usage and ledger errors).
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => 0,
+                _ => 2,
+            };
+        }
+    };
+    let result = match cli.command {
+        Cmd::List(a) => list::run(a),
+        Cmd::Gc(a) => gc::run(a),
+        Cmd::Inject(a) => inject::run(a),
+        Cmd::Verify(a) => verify::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("cni-ledger: {e:#}");
+            2
+        }
+    }
+}
+
+/// `1h2m`-style ages for the human tables.
+pub fn age(secs: i64) -> String {
+    match secs {
+        s if s < 0 => "-".into(),
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86400),
+    }
+}
+
+/// Prints rows as columns padded to the widest cell.
+pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(cell);
+            } else {
+                s.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        println!("{}", s.trim_end());
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}

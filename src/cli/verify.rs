@@ -1,0 +1,68 @@
+//! `cni-ledger verify`: read every record and snapshot, report damage, change nothing.
+
+use crate::ledger::{fsio, Decoded, Ledger};
+use anyhow::Result;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value_os_t = super::ledger_dir_default())]
+    ledger_dir: PathBuf,
+}
+
+pub fn run(args: Args) -> Result<i32> {
+    let ledger = Ledger::at(&args.ledger_dir);
+    let mut problems = Vec::new();
+    let mut records = 0usize;
+    let mut referenced = std::collections::HashSet::new();
+    ledger.for_each(|e| match e.decoded {
+        Decoded::Ok(r) => {
+            records += 1;
+            if let Some(s) = r.snapshot {
+                referenced.insert(s);
+            }
+        }
+        Decoded::Newer(v) => problems.push(format!(
+            "{}: format {v} is newer than this binary",
+            e.path.display()
+        )),
+        Decoded::Damaged(reason, detail) => {
+            problems.push(format!("{}: {reason}: {detail}", e.path.display()))
+        }
+    })?;
+    let hashes = ledger.snapshot_hashes()?;
+    for hash in &hashes {
+        if let Some(Err(reason)) = ledger.get_snapshot(hash)? {
+            problems.push(format!(
+                "{}: {reason}",
+                ledger.snapshot_path(hash).display()
+            ));
+        }
+    }
+    for missing in referenced.iter().filter(|h| !hashes.contains(h)) {
+        println!("note: snapshot {missing} is referenced but missing (gc falls back to the libcni cache or the conflist)");
+    }
+    let leftovers = std::fs::read_dir(ledger.records_dir())
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with(fsio::TMP_PREFIX)
+                })
+                .count()
+        })
+        .unwrap_or(0);
+    let quarantined = std::fs::read_dir(ledger.quarantine_dir())
+        .map(|rd| rd.count())
+        .unwrap_or(0);
+    for p in &problems {
+        println!("damaged: {p}");
+    }
+    println!(
+        "{records} record(s), {} snapshot(s), {} damaged, {quarantined} in quarantine, {leftovers} temporary file(s)",
+        hashes.len(),
+        problems.len()
+    );
+    Ok(if problems.is_empty() { 0 } else { 1 })
+}

@@ -1,0 +1,145 @@
+//! The ledger's own entry in a conflist, as it arrives on stdin.
+
+use super::error::{self, CniError};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use std::path::PathBuf;
+
+pub const DEFAULT_LEDGER_DIR: &str = "/var/lib/cni-ledger";
+pub const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";
+/// Largest stdin accepted; a conflist is a few KiB, anything near this is an attack or a bug.
+pub const MAX_STDIN: usize = 1 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OnLedgerError {
+    #[default]
+    Fail,
+    Warn,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Raw {
+    #[serde(default)]
+    cni_version: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default, rename = "type")]
+    plugin_type: Option<String>,
+    ledger_dir: Option<PathBuf>,
+    conf_dir: Option<PathBuf>,
+    log_file: Option<PathBuf>,
+    #[serde(default)]
+    on_ledger_error: OnLedgerError,
+    #[serde(default)]
+    capabilities: Map<String, Value>,
+    #[serde(default)]
+    runtime_config: Map<String, Value>,
+    #[serde(default)]
+    prev_result: Option<Value>,
+    lock_timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct NetConf {
+    pub cni_version: String,
+    pub name: String,
+    pub plugin_type: String,
+    pub ledger_dir: PathBuf,
+    pub conf_dir: Option<PathBuf>,
+    pub log_file: Option<PathBuf>,
+    pub on_ledger_error: OnLedgerError,
+    /// Capabilities the ledger's entry declares (only the `true` ones).
+    pub capabilities: Vec<String>,
+    pub runtime_config: Map<String, Value>,
+    pub prev_result: Option<Value>,
+    pub lock_timeout_ms: u64,
+    /// The whole stdin document, for commands (GC) that read more keys.
+    pub raw: Value,
+}
+
+/// Decodes stdin into the ledger's configuration. The order of checks follows skel:
+/// undecodable JSON is 6, a missing or invalid network name 7.
+pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
+    let value: Value = serde_json::from_slice(stdin).map_err(|e| {
+        CniError::new(
+            error::DECODING_FAILURE,
+            "error unmarshalling network config",
+            e.to_string(),
+        )
+    })?;
+    if !value.is_object() {
+        return Err(CniError::new(
+            error::DECODING_FAILURE,
+            "network config is not a JSON object",
+            "",
+        ));
+    }
+    let raw: Raw = Raw::deserialize(&value).map_err(|e| {
+        CniError::new(
+            error::INVALID_NETWORK_CONFIG,
+            "invalid cni-ledger configuration",
+            e.to_string(),
+        )
+    })?;
+    let name = raw.name.unwrap_or_default();
+    super::env::validate_network_name(&name)?;
+    let capabilities = raw
+        .capabilities
+        .iter()
+        .filter(|(_, v)| v.as_bool() == Some(true))
+        .map(|(k, _)| k.clone())
+        .collect();
+    Ok(NetConf {
+        // skel's decoder treats a missing version as 0.1.0, which no one supports today.
+        cni_version: raw.cni_version.unwrap_or_else(|| "0.1.0".into()),
+        name,
+        plugin_type: raw.plugin_type.unwrap_or_else(|| "cni-ledger".into()),
+        ledger_dir: raw
+            .ledger_dir
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_LEDGER_DIR)),
+        conf_dir: raw.conf_dir,
+        log_file: raw.log_file,
+        on_ledger_error: raw.on_ledger_error,
+        capabilities,
+        runtime_config: raw.runtime_config,
+        prev_result: raw.prev_result,
+        lock_timeout_ms: raw.lock_timeout_ms.unwrap_or(5000),
+        raw: value,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_options_and_defaults() {
+        let c = parse(br#"{"cniVersion":"1.0.0","name":"n","type":"cni-ledger","capabilities":{"portMappings":true,"bandwidth":false}}"#).unwrap();
+        assert_eq!(c.ledger_dir, PathBuf::from(DEFAULT_LEDGER_DIR));
+        assert_eq!(c.capabilities, vec!["portMappings".to_string()]);
+        assert_eq!(c.on_ledger_error, OnLedgerError::Fail);
+        assert_eq!(c.lock_timeout_ms, 5000);
+    }
+
+    #[test]
+    fn error_codes_follow_skel() {
+        assert_eq!(parse(b"{nope").unwrap_err().code, error::DECODING_FAILURE);
+        assert_eq!(parse(b"[]").unwrap_err().code, error::DECODING_FAILURE);
+        assert_eq!(
+            parse(br#"{"cniVersion":"1.0.0"}"#).unwrap_err().code,
+            error::INVALID_NETWORK_CONFIG
+        );
+        assert_eq!(
+            parse(br#"{"name":"../x"}"#).unwrap_err().code,
+            error::INVALID_NETWORK_CONFIG
+        );
+        assert_eq!(
+            parse(br#"{"name":"n","onLedgerError":"maybe"}"#)
+                .unwrap_err()
+                .code,
+            error::INVALID_NETWORK_CONFIG
+        );
+    }
+}

@@ -1,0 +1,37 @@
+//! Crash points for fault-injection tests. Compiled in only with the `testing` feature;
+//! in release builds `crash_point` is an empty inline function.
+//!
+//! `CNI_LEDGER_TEST_CRASH_AT=<point>[:<n>]` kills the process with SIGKILL the n-th time
+//! (default: first) it passes `<point>`, as a power cut or OOM kill would.
+
+#[cfg(feature = "testing")]
+pub fn crash_point(point: &str) {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static PASSED: AtomicU32 = AtomicU32::new(0);
+    let Ok(spec) = std::env::var("CNI_LEDGER_TEST_CRASH_AT") else {
+        return;
+    };
+    let (name, nth) = match spec.split_once(':') {
+        Some((n, k)) => (n, k.parse::<u32>().unwrap_or(1)),
+        None => (spec.as_str(), 1),
+    };
+    if name == point && PASSED.fetch_add(1, Ordering::SeqCst) + 1 == nth {
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub fn crash_point(_point: &str) {}
+
+/// The boot ID source may be replaced in test builds only.
+#[cfg(feature = "testing")]
+pub fn boot_id_override() -> Option<String> {
+    std::env::var("CNI_LEDGER_TEST_BOOT_ID").ok()
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub fn boot_id_override() -> Option<String> {
+    None
+}

@@ -1,0 +1,619 @@
+//! gc policy: which records are stale, which to replay now, and what became of them.
+//!
+//! Scan (no locks, one record in memory at a time) → decide → for each candidate:
+//! lock the key without waiting (a busy key belongs to an ADD, DEL or another gc),
+//! re-read and re-judge under the lock, replay DEL, then remove the record or store
+//! the attempt with its backoff.
+
+use crate::conflist;
+use crate::ledger::{Decoded, Ledger, Record, Wait};
+use crate::record_cache::CachedAttachment;
+use crate::replay::{self, Invocation, PluginOutcome};
+use crate::sandbox::{self, Reason};
+use anyhow::{Context, Result};
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+pub const BACKOFF_BASE_SECS: i64 = 10;
+pub const BACKOFF_MAX_SECS: i64 = 3600;
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub ledger_dir: PathBuf,
+    pub dry_run: bool,
+    /// Ignore backoff (`--now`).
+    pub ignore_backoff: bool,
+    pub network: Option<String>,
+    pub grace_secs: i64,
+    pub timeout: Duration,
+    /// (containerID, ifname) pairs the runtime says are valid, for the networks concerned.
+    pub valid: Option<HashSet<(String, String)>>,
+    pub cache_dir: PathBuf,
+    pub conf_dir: Option<PathBuf>,
+    pub cni_path: Option<Vec<PathBuf>>,
+    pub max_attempts: u32,
+    pub jobs: usize,
+    pub retry_failed: bool,
+}
+
+impl Options {
+    pub fn new(ledger_dir: PathBuf) -> Options {
+        Options {
+            ledger_dir,
+            dry_run: false,
+            ignore_backoff: false,
+            network: None,
+            grace_secs: 60,
+            timeout: Duration::from_secs(60),
+            valid: None,
+            cache_dir: PathBuf::from("/var/lib/cni"),
+            conf_dir: None,
+            cni_path: None,
+            max_attempts: 24,
+            jobs: 4,
+            retry_failed: false,
+        }
+    }
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Summary {
+    pub live: usize,
+    pub stale: usize,
+    pub replayed: usize,
+    pub retrying: usize,
+    pub failed: usize,
+    pub skipped: usize,
+    pub damaged: usize,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RecordReport {
+    pub network: String,
+    pub container_id: String,
+    pub ifname: String,
+    pub reason: &'static str,
+    pub action: &'static str,
+    pub config_source: Option<&'static str>,
+    pub plugins: Vec<PluginOutcome>,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    pub next_attempt_at: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DamagedReport {
+    pub file: String,
+    pub reason: String,
+    pub quarantined_to: Option<String>,
+}
+
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub dry_run: bool,
+    pub summary: Summary,
+    pub records: Vec<RecordReport>,
+    pub damaged: Vec<DamagedReport>,
+}
+
+impl Report {
+    /// 0 when nothing stale remains to be cleaned, 1 when something is left for later.
+    pub fn exit_code(&self) -> i32 {
+        if self.summary.retrying + self.summary.failed > 0 || !self.damaged.is_empty() {
+            1
+        } else {
+            0
+        }
+    }
+}
+
+/// What to do with a stale record right now.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decision {
+    Replay,
+    Skip(&'static str),
+}
+
+pub fn decide(rec: &Record, reason: Reason, now: i64, opts: &Options) -> Decision {
+    let gc = rec.gc.clone().unwrap_or_default();
+    if gc.failed && !opts.retry_failed {
+        return Decision::Skip("skip-failed");
+    }
+    // A young record may belong to an ADD whose sandbox is still being set up, unless
+    // the node rebooted since: then nothing from before can be alive.
+    let young = rec.created_unix().is_none_or(|t| now - t < opts.grace_secs);
+    if young && reason != Reason::BootChanged {
+        return Decision::Skip("skip-grace");
+    }
+    let due = gc
+        .next_attempt_at
+        .as_deref()
+        .and_then(crate::time::parse_rfc3339)
+        .is_none_or(|t| t <= now);
+    if !due && !opts.ignore_backoff && !gc.failed {
+        return Decision::Skip("skip-backoff");
+    }
+    if opts.dry_run {
+        return Decision::Skip("would-replay");
+    }
+    Decision::Replay
+}
+
+pub fn backoff_secs(attempts: u32) -> i64 {
+    let shift = attempts.saturating_sub(1).min(20);
+    (BACKOFF_BASE_SECS << shift).min(BACKOFF_MAX_SECS)
+}
+
+/// Rules 1–4 of DESIGN §5 for one record; None is live.
+pub fn judge(rec: &Record, boot: &str, opts: &Options) -> Option<Reason> {
+    if let Some(reason) = sandbox::staleness(&rec.boot_id, &rec.netns, rec.netns_id, boot) {
+        return Some(reason);
+    }
+    match &opts.valid {
+        Some(valid) if !valid.contains(&(rec.container_id.clone(), rec.ifname.clone())) => {
+            Some(Reason::NotValid)
+        }
+        _ => None,
+    }
+}
+
+pub fn run(opts: &Options) -> Result<Report> {
+    let ledger = Ledger::at(&opts.ledger_dir);
+    let mut report = Report {
+        dry_run: opts.dry_run,
+        ..Report::default()
+    };
+    if !ledger.root().exists() {
+        crate::info!(
+            "gc: no ledger at {}; nothing to do",
+            ledger.root().display()
+        );
+        return Ok(report);
+    }
+    ledger.check_trusted()?;
+    let boot = sandbox::boot_id().context("reading the boot ID")?;
+    let now = crate::time::now();
+
+    let mut candidates: Vec<(Box<Record>, Reason)> = Vec::new();
+    let mut damaged = Vec::new();
+    ledger.for_each(|entry| match entry.decoded {
+        Decoded::Ok(rec) => {
+            if opts.network.as_ref().is_some_and(|n| *n != rec.network) {
+                return;
+            }
+            match judge(&rec, &boot, opts) {
+                None => report.summary.live += 1,
+                Some(reason) => candidates.push((rec, reason)),
+            }
+        }
+        Decoded::Newer(format) => report.damaged.push(DamagedReport {
+            file: entry.path.display().to_string(),
+            reason: format!("newer-format {format}: left for a newer cni-ledger"),
+            quarantined_to: None,
+        }),
+        Decoded::Damaged(reason, detail) => damaged.push((entry.stem, entry.path, reason, detail)),
+    })?;
+    for (stem, path, reason, detail) in damaged {
+        report.damaged.push(quarantine_damaged(
+            &ledger,
+            &stem,
+            path,
+            reason,
+            &detail,
+            opts.dry_run,
+        ));
+    }
+    report.summary.damaged = report.damaged.len();
+    report.summary.stale = candidates.len();
+
+    let next = AtomicUsize::new(0);
+    let results = Mutex::new(Vec::with_capacity(candidates.len()));
+    std::thread::scope(|s| {
+        for _ in 0..opts.jobs.clamp(1, 64).min(candidates.len().max(1)) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some((rec, reason)) = candidates.get(i) else {
+                    break;
+                };
+                let r = handle(&ledger, rec, *reason, &boot, now, opts);
+                results
+                    .lock()
+                    .expect("no panics hold this lock")
+                    .push((i, r));
+            });
+        }
+    });
+    let mut results = results.into_inner().expect("no panics hold this lock");
+    results.sort_by_key(|(i, _)| *i);
+    let mut removed_any = false;
+    for (_, r) in results {
+        match r.action {
+            "replayed" => {
+                report.summary.replayed += 1;
+                removed_any = true;
+            }
+            "retrying" | "skip-backoff" | "busy" => report.summary.retrying += 1,
+            "failed" | "skip-failed" => report.summary.failed += 1,
+            "live" => {
+                report.summary.live += 1;
+                report.summary.stale -= 1;
+            }
+            _ => report.summary.skipped += 1,
+        }
+        report.records.push(r);
+    }
+    if removed_any {
+        match ledger.sweep_snapshots() {
+            Ok(n) if n > 0 => crate::info!("gc: removed {n} unreferenced snapshot(s)"),
+            Ok(_) => {}
+            Err(e) => crate::warn!("gc: snapshot sweep failed: {e:#}"),
+        }
+    }
+    Ok(report)
+}
+
+fn quarantine_damaged(
+    ledger: &Ledger,
+    stem: &str,
+    path: PathBuf,
+    reason: &str,
+    detail: &str,
+    dry_run: bool,
+) -> DamagedReport {
+    let mut out = DamagedReport {
+        file: path.display().to_string(),
+        reason: format!("{reason}: {detail}"),
+        quarantined_to: None,
+    };
+    if dry_run {
+        crate::warn!(
+            "gc: damaged record {} ({reason}); dry run, left in place",
+            out.file
+        );
+        return out;
+    }
+    // Under the key's lock and after a re-read: a concurrent ADD may just have replaced it.
+    match ledger.lock(stem, Wait::No) {
+        Ok(Some(_lock)) => match ledger.read(stem) {
+            Ok(Some(Decoded::Damaged(..))) | Err(_) => match ledger.quarantine(&path) {
+                Ok(to) => out.quarantined_to = Some(to.display().to_string()),
+                Err(e) => crate::error!("gc: cannot quarantine {}: {e:#}", out.file),
+            },
+            _ => return_replaced(&mut out),
+        },
+        _ => crate::warn!(
+            "gc: damaged record {} is locked; quarantine next run",
+            out.file
+        ),
+    }
+    if let Some(to) = &out.quarantined_to {
+        crate::warn!(
+            "gc: damaged record {} ({reason}: {detail}) quarantined to {to}",
+            out.file
+        );
+    }
+    out
+}
+
+fn return_replaced(out: &mut DamagedReport) {
+    out.reason.push_str(" (since replaced by a good record)");
+}
+
+fn report_for(rec: &Record, reason: Reason, action: &'static str) -> RecordReport {
+    let gc = rec.gc.clone().unwrap_or_default();
+    RecordReport {
+        network: rec.network.clone(),
+        container_id: rec.container_id.clone(),
+        ifname: rec.ifname.clone(),
+        reason: reason.as_str(),
+        action,
+        config_source: None,
+        plugins: Vec::new(),
+        attempts: gc.attempts,
+        last_error: gc.last_error,
+        next_attempt_at: gc.next_attempt_at,
+    }
+}
+
+fn handle(
+    ledger: &Ledger,
+    seen: &Record,
+    reason: Reason,
+    boot: &str,
+    now: i64,
+    opts: &Options,
+) -> RecordReport {
+    let key = seen.key();
+    if let Decision::Skip(action) = decide(seen, reason, now, opts) {
+        crate::info!("gc: {key}: stale ({}), {action}", reason.as_str());
+        return report_for(seen, reason, action);
+    }
+    let stem = key.stem();
+    let lock = match ledger.lock(&stem, Wait::No) {
+        Ok(Some(lock)) => lock,
+        Ok(None) => {
+            crate::info!("gc: {key}: busy (an ADD, DEL or another gc holds it); next run");
+            return report_for(seen, reason, "busy");
+        }
+        Err(e) => {
+            crate::error!("gc: {key}: {e:#}");
+            return report_for(seen, reason, "busy");
+        }
+    };
+    // Judge again under the lock: what we scanned may have been replaced or removed.
+    let rec = match ledger.read(&stem) {
+        Ok(Some(Decoded::Ok(rec))) if rec.add_id == seen.add_id => rec,
+        Ok(None) => return report_for(seen, reason, "gone"),
+        _ => {
+            crate::info!("gc: {key}: changed since the scan; left for the next run");
+            return report_for(seen, reason, "changed");
+        }
+    };
+    let Some(reason) = judge(&rec, boot, opts) else {
+        crate::info!("gc: {key}: live on re-check; not touched");
+        return report_for(&rec, reason, "live");
+    };
+    crate::info!("gc: {key}: stale ({}), replaying DEL", reason.as_str());
+
+    let cached = CachedAttachment::load(&opts.cache_dir, &key);
+    let (config, source) = match resolve_config(ledger, &rec, cached.as_ref(), opts) {
+        Ok(found) => found,
+        Err(e) => {
+            let outcome = PluginOutcome {
+                plugin_type: String::new(),
+                ok: false,
+                error: Some(format!("{e:#}")),
+                exit_status: None,
+            };
+            return record_failure(ledger, &rec, reason, None, vec![outcome], now, opts);
+        }
+    };
+    let mut caps = rec.runtime_config.clone();
+    if let Some(c) = &cached {
+        for (k, v) in &c.capability_args {
+            caps.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+    let cni_path: Vec<PathBuf> = match &opts.cni_path {
+        Some(p) => p.clone(),
+        None => std::env::split_paths(&rec.cni_path).collect(),
+    };
+    let netns = sandbox::replay_netns(&rec.boot_id, &rec.netns, rec.netns_id, boot);
+    let inv = Invocation {
+        network: &rec.network,
+        container_id: &rec.container_id,
+        ifname: &rec.ifname,
+        netns: netns.as_deref(),
+        cni_args: &rec.cni_args,
+        cni_path: &cni_path,
+        capability_args: &caps,
+        prev_result: cached.as_ref().and_then(|c| c.result.as_ref()),
+        timeout: opts.timeout,
+    };
+    let outcomes = replay::replay_del(&config, &rec.ledger_type, &inv);
+    for o in &outcomes {
+        match &o.error {
+            None => crate::info!("gc: {key}: {} DEL ok", o.plugin_type),
+            Some(e) => crate::warn!(
+                "gc: {key}: {} DEL failed (exit {:?}): {e}",
+                o.plugin_type,
+                o.exit_status
+            ),
+        }
+    }
+    if outcomes.iter().all(|o| o.ok) {
+        if let Err(e) = ledger.remove(&stem) {
+            crate::error!("gc: {key}: replayed but cannot remove the record: {e:#}");
+            return record_failure(ledger, &rec, reason, Some(source), outcomes, now, opts);
+        }
+        lock.release_and_remove();
+        if let Some(c) = &cached {
+            c.remove();
+        }
+        crate::info!("gc: {key}: replayed, record removed");
+        let mut r = report_for(&rec, reason, "replayed");
+        r.config_source = Some(source);
+        r.plugins = outcomes;
+        return r;
+    }
+    record_failure(ledger, &rec, reason, Some(source), outcomes, now, opts)
+}
+
+fn record_failure(
+    ledger: &Ledger,
+    rec: &Record,
+    reason: Reason,
+    source: Option<&'static str>,
+    outcomes: Vec<PluginOutcome>,
+    now: i64,
+    opts: &Options,
+) -> RecordReport {
+    let key = rec.key();
+    let mut gc = rec.gc.clone().unwrap_or_default();
+    gc.attempts += 1;
+    gc.last_error = Some(
+        outcomes
+            .iter()
+            .filter(|o| !o.ok)
+            .map(|o| match o.exit_status {
+                Some(s) => format!(
+                    "{}: {} (exit {s})",
+                    o.plugin_type,
+                    o.error.as_deref().unwrap_or("")
+                ),
+                None => format!("{}: {}", o.plugin_type, o.error.as_deref().unwrap_or("")),
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+    );
+    gc.last_attempt_at = Some(crate::time::rfc3339(now));
+    gc.next_attempt_at = Some(crate::time::rfc3339(now + backoff_secs(gc.attempts)));
+    gc.failed = gc.attempts >= opts.max_attempts;
+    let action = if gc.failed { "failed" } else { "retrying" };
+    let mut updated = rec.clone();
+    updated.gc = Some(gc);
+    if let Err(e) = ledger.write(&updated) {
+        crate::error!("gc: {key}: cannot store the attempt: {e:#}");
+    }
+    if action == "failed" {
+        crate::error!(
+            "gc: {key}: giving up after {} attempts; left for an operator",
+            opts.max_attempts
+        );
+    }
+    let mut r = report_for(&updated, reason, action);
+    r.config_source = source;
+    r.plugins = outcomes;
+    r
+}
+
+/// The chain to replay: the ADD-time snapshot, else libcni's cached config, else
+/// today's conflist of that name.
+fn resolve_config(
+    ledger: &Ledger,
+    rec: &Record,
+    cached: Option<&CachedAttachment>,
+    opts: &Options,
+) -> Result<(Value, &'static str)> {
+    if let Some(hash) = &rec.snapshot {
+        match ledger.get_snapshot(hash)? {
+            Some(Ok(bytes)) => {
+                if let Some(list) = conflist::parse(&bytes) {
+                    return Ok((list, "snapshot"));
+                }
+            }
+            Some(Err(reason)) => {
+                let path = ledger.snapshot_path(hash);
+                match ledger.quarantine(&path) {
+                    Ok(to) => crate::warn!(
+                        "gc: snapshot {hash} is damaged ({reason}); quarantined to {}",
+                        to.display()
+                    ),
+                    Err(e) => crate::warn!("gc: snapshot {hash} is damaged ({reason}): {e:#}"),
+                }
+            }
+            None => crate::warn!("gc: {}: snapshot {hash} is missing", rec.key()),
+        }
+    }
+    if let Some(list) = cached.and_then(|c| c.config.as_ref()) {
+        return Ok((list.clone(), "cache"));
+    }
+    let dir = opts
+        .conf_dir
+        .clone()
+        .or_else(|| {
+            rec.conf_file
+                .as_ref()
+                .and_then(|f| PathBuf::from(f).parent().map(PathBuf::from))
+        })
+        .unwrap_or_else(|| PathBuf::from(crate::cni::config::DEFAULT_CONF_DIR));
+    if let Some(found) = conflist::find(&dir, &rec.network)? {
+        return Ok((found.list, "conflist"));
+    }
+    anyhow::bail!(
+        "no configuration for network {}: no snapshot, no libcni cache, nothing in {}",
+        rec.network,
+        dir.display()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::record::{sample, GcState};
+
+    fn opts() -> Options {
+        Options::new(PathBuf::from("/nonexistent"))
+    }
+
+    #[test]
+    fn backoff_doubles_to_an_hour() {
+        assert_eq!(backoff_secs(1), 10);
+        assert_eq!(backoff_secs(2), 20);
+        assert_eq!(backoff_secs(4), 80);
+        assert_eq!(backoff_secs(12), 3600);
+        assert_eq!(backoff_secs(u32::MAX), 3600);
+    }
+
+    #[test]
+    fn grace_protects_young_records_unless_the_boot_changed() {
+        let rec = sample(); // created 2026-12-02T17:41:33Z
+        let created = rec.created_unix().unwrap();
+        let o = opts();
+        assert_eq!(
+            decide(&rec, Reason::NetnsMissing, created + 5, &o),
+            Decision::Skip("skip-grace")
+        );
+        assert_eq!(
+            decide(&rec, Reason::BootChanged, created + 5, &o),
+            Decision::Replay
+        );
+        assert_eq!(
+            decide(&rec, Reason::NetnsMissing, created + 61, &o),
+            Decision::Replay
+        );
+        let mut bad = rec.clone();
+        bad.created_at = "garbage".into();
+        assert_eq!(
+            decide(&bad, Reason::NetnsMissing, created + 1000, &o),
+            Decision::Skip("skip-grace")
+        );
+    }
+
+    #[test]
+    fn backoff_failed_and_dry_run() {
+        let mut rec = sample();
+        let t = rec.created_unix().unwrap() + 1000;
+        rec.gc = Some(GcState {
+            attempts: 1,
+            next_attempt_at: Some(crate::time::rfc3339(t + 5)),
+            ..GcState::default()
+        });
+        let mut o = opts();
+        assert_eq!(
+            decide(&rec, Reason::NetnsMissing, t, &o),
+            Decision::Skip("skip-backoff")
+        );
+        o.ignore_backoff = true;
+        assert_eq!(decide(&rec, Reason::NetnsMissing, t, &o), Decision::Replay);
+        o.dry_run = true;
+        assert_eq!(
+            decide(&rec, Reason::NetnsMissing, t, &o),
+            Decision::Skip("would-replay")
+        );
+        rec.gc.as_mut().unwrap().failed = true;
+        assert_eq!(
+            decide(&rec, Reason::NetnsMissing, t, &o),
+            Decision::Skip("skip-failed")
+        );
+        o.retry_failed = true;
+        assert_eq!(
+            decide(&rec, Reason::NetnsMissing, t, &o),
+            Decision::Skip("would-replay")
+        );
+    }
+
+    #[test]
+    fn valid_list_marks_unlisted_records() {
+        let rec = sample();
+        let mut o = opts();
+        let boot = rec.boot_id.clone();
+        // The sample's netns does not exist: make it point at our own namespace.
+        let mut live = rec.clone();
+        live.netns = "/proc/self/ns/net".into();
+        live.netns_id = None;
+        assert_eq!(judge(&live, &boot, &o), None);
+        o.valid = Some(HashSet::from([("other".to_string(), "eth0".to_string())]));
+        assert_eq!(judge(&live, &boot, &o), Some(Reason::NotValid));
+        o.valid = Some(HashSet::from([("abc".to_string(), "eth0".to_string())]));
+        assert_eq!(judge(&live, &boot, &o), None);
+    }
+}

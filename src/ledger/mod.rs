@@ -1,0 +1,411 @@
+//! The ledger: a directory of durable, checksummed records, one file per attachment.
+//!
+//! ```text
+//! <ledgerDir>/                   0700 root
+//!   records/<net>:<cid>:<if>.json  one record (see record.rs), 0600
+//!   snapshots/<sha256>.json      exact conflist bytes, named by their sha256, shared
+//!   locks/<stem>.lock            flock per attachment; locks/.snapshots for sweeps
+//!   quarantine/<name>.<secs>     damaged files moved aside, never acted on
+//! ```
+//!
+//! Every write is temp + fsync + rename + directory fsync; every removal fsyncs the
+//! directory. ADD and DEL touch one record and one lock file: O(1) in the ledger's size.
+
+pub mod fsio;
+pub mod lock;
+pub mod record;
+
+use anyhow::{bail, Context, Result};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+pub use lock::{KeyLock, SnapshotGuard, Wait};
+pub use record::{Decoded, Key, Record};
+
+const RECORD_EXT: &str = ".json";
+/// A record is a few KiB; anything larger is not one of ours.
+const MAX_RECORD: u64 = 4 << 20;
+const MAX_SNAPSHOT: u64 = 4 << 20;
+
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    root: PathBuf,
+}
+
+/// One file found in `records/`.
+#[derive(Debug)]
+pub struct Entry {
+    pub stem: String,
+    pub path: PathBuf,
+    pub decoded: Decoded,
+}
+
+fn mkdir_private(path: &Path) -> io::Result<bool> {
+    match std::fs::DirBuilder::new().mode(0o700).create(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+impl Ledger {
+    /// A handle that does not touch the disk (for reading a ledger that may not exist).
+    pub fn at(root: impl Into<PathBuf>) -> Ledger {
+        Ledger { root: root.into() }
+    }
+
+    /// Opens for writing, creating the directory tree (0700) on first use.
+    pub fn open_for_write(root: &Path) -> Result<Ledger> {
+        let ledger = Ledger::at(root);
+        if ledger.records_dir().is_dir() && ledger.locks_dir().is_dir() {
+            return Ok(ledger);
+        }
+        if let Some(parent) = root.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+        if mkdir_private(root).with_context(|| format!("creating {}", root.display()))? {
+            if let Some(parent) = root.parent() {
+                fsio::fsync_dir(parent)?;
+            }
+        }
+        let mut created = false;
+        for dir in [
+            ledger.records_dir(),
+            ledger.snapshots_dir(),
+            ledger.locks_dir(),
+            ledger.quarantine_dir(),
+        ] {
+            created |=
+                mkdir_private(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        if created {
+            fsio::fsync_dir(root)?;
+        }
+        Ok(ledger)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+    pub fn records_dir(&self) -> PathBuf {
+        self.root.join("records")
+    }
+    pub fn snapshots_dir(&self) -> PathBuf {
+        self.root.join("snapshots")
+    }
+    pub fn locks_dir(&self) -> PathBuf {
+        self.root.join("locks")
+    }
+    pub fn quarantine_dir(&self) -> PathBuf {
+        self.root.join("quarantine")
+    }
+    pub fn record_path(&self, stem: &str) -> PathBuf {
+        self.records_dir().join(format!("{stem}{RECORD_EXT}"))
+    }
+
+    pub fn lock(&self, stem: &str, wait: Wait) -> Result<Option<KeyLock>> {
+        let path = self.locks_dir().join(format!("{stem}.lock"));
+        KeyLock::acquire(&path, wait).with_context(|| format!("locking {}", path.display()))
+    }
+
+    pub fn snapshot_guard_shared(&self) -> Result<SnapshotGuard> {
+        let path = self.locks_dir().join(".snapshots");
+        SnapshotGuard::shared(&path).with_context(|| format!("locking {}", path.display()))
+    }
+
+    /// Reads one record; Ok(None) when there is none.
+    pub fn read(&self, stem: &str) -> Result<Option<Decoded>> {
+        let path = self.record_path(stem);
+        match fsio::read_nofollow(&path, MAX_RECORD) {
+            Ok(bytes) => Ok(Some(check_name(stem, record::decode(&bytes)))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => Ok(Some(Decoded::Damaged(
+                "symlink",
+                "a symlink stands in place of a record".into(),
+            ))),
+            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+
+    pub fn write(&self, rec: &Record) -> Result<()> {
+        let stem = rec.key().stem();
+        fsio::write_atomic(
+            &self.records_dir(),
+            &format!("{stem}{RECORD_EXT}"),
+            &record::encode(rec),
+            "record",
+        )
+        .with_context(|| format!("writing record {}", self.record_path(&stem).display()))
+    }
+
+    /// Removes a record durably; Ok(false) when there was none.
+    pub fn remove(&self, stem: &str) -> Result<bool> {
+        fsio::remove_durable(&self.records_dir(), &format!("{stem}{RECORD_EXT}"))
+            .with_context(|| format!("removing {}", self.record_path(stem).display()))
+    }
+
+    /// Visits every record file; O(n), one file in memory at a time. Temporary files
+    /// of writes in progress (or cut off by a crash) are not records and are skipped.
+    pub fn for_each(&self, mut visit: impl FnMut(Entry)) -> Result<()> {
+        let dir = self.records_dir();
+        let rd = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+        };
+        for item in rd {
+            let item = item.with_context(|| format!("listing {}", dir.display()))?;
+            let name = item.file_name().to_string_lossy().into_owned();
+            if name.starts_with(fsio::TMP_PREFIX) {
+                continue;
+            }
+            let path = item.path();
+            let Some(stem) = name.strip_suffix(RECORD_EXT) else {
+                visit(Entry {
+                    stem: name.clone(),
+                    path,
+                    decoded: Decoded::Damaged("foreign-file", "not a record file name".into()),
+                });
+                continue;
+            };
+            let decoded = match self.read(stem) {
+                Ok(Some(d)) => d,
+                Ok(None) => continue, // removed since listed
+                Err(e) => Decoded::Damaged("unreadable", format!("{e:#}")),
+            };
+            visit(Entry {
+                stem: stem.to_string(),
+                path,
+                decoded,
+            });
+        }
+        Ok(())
+    }
+
+    /// Moves a damaged file aside into `quarantine/`, keeping its name, and returns where
+    /// it went. The file is never acted on and never deleted.
+    pub fn quarantine(&self, path: &Path) -> Result<PathBuf> {
+        let qdir = self.quarantine_dir();
+        mkdir_private(&qdir).with_context(|| format!("creating {}", qdir.display()))?;
+        let name = path
+            .file_name()
+            .context("quarantine: path has no file name")?
+            .to_string_lossy()
+            .into_owned();
+        let now = crate::time::now();
+        let mut target = qdir.join(format!("{name}.{now}"));
+        let mut n = 1;
+        while target.symlink_metadata().is_ok() {
+            target = qdir.join(format!("{name}.{now}.{n}"));
+            n += 1;
+        }
+        std::fs::rename(path, &target)
+            .with_context(|| format!("quarantining {} to {}", path.display(), target.display()))?;
+        crate::faults::crash_point("quarantine.renamed");
+        fsio::fsync_dir(&qdir)?;
+        if let Some(parent) = path.parent() {
+            fsio::fsync_dir(parent)?;
+        }
+        Ok(target)
+    }
+
+    /// Stores a conflist snapshot (content-addressed) and returns its sha256. An intact
+    /// copy is reused; a damaged one is replaced.
+    pub fn put_snapshot(&self, bytes: &[u8]) -> Result<String> {
+        let hash = record::sha256_hex(bytes);
+        if let Ok(Some(Ok(_))) = self.get_snapshot(&hash) {
+            return Ok(hash);
+        }
+        fsio::write_atomic(
+            &self.snapshots_dir(),
+            &format!("{hash}.json"),
+            bytes,
+            "snapshot",
+        )
+        .with_context(|| format!("writing snapshot {hash}"))?;
+        Ok(hash)
+    }
+
+    pub fn snapshot_path(&self, hash: &str) -> PathBuf {
+        self.snapshots_dir().join(format!("{hash}.json"))
+    }
+
+    /// Ok(None): no such snapshot; Ok(Some(Err(reason))): present but damaged.
+    pub fn get_snapshot(&self, hash: &str) -> Result<Option<Result<Vec<u8>, &'static str>>> {
+        if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok(Some(Err("bad-name")));
+        }
+        let path = self.snapshot_path(hash);
+        match fsio::read_nofollow(&path, MAX_SNAPSHOT) {
+            Ok(bytes) if record::sha256_hex(&bytes) == hash => Ok(Some(Ok(bytes))),
+            Ok(_) => Ok(Some(Err("checksum-mismatch"))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => Ok(Some(Err("symlink"))),
+            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+
+    /// Lists snapshot file names (hash stems) present on disk.
+    pub fn snapshot_hashes(&self) -> Result<Vec<String>> {
+        let dir = self.snapshots_dir();
+        let rd = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+        };
+        let mut out = Vec::new();
+        for item in rd {
+            let name = item?.file_name().to_string_lossy().into_owned();
+            if let Some(stem) = name.strip_suffix(RECORD_EXT) {
+                if !name.starts_with(fsio::TMP_PREFIX) {
+                    out.push(stem.to_string());
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes snapshots no record refers to. Skipped (Ok(0)) while any ADD holds the
+    /// shared guard, so an ADD never refers to a snapshot that was just deleted.
+    pub fn sweep_snapshots(&self) -> Result<usize> {
+        let guard_path = self.locks_dir().join(".snapshots");
+        let Some(_guard) = SnapshotGuard::try_exclusive(&guard_path)? else {
+            return Ok(0);
+        };
+        let mut used = std::collections::HashSet::new();
+        self.for_each(|e| {
+            if let Decoded::Ok(r) = e.decoded {
+                if let Some(s) = r.snapshot {
+                    used.insert(s);
+                }
+            }
+        })?;
+        let mut removed = 0;
+        for hash in self.snapshot_hashes()? {
+            if !used.contains(&hash)
+                && fsio::remove_durable(&self.snapshots_dir(), &format!("{hash}.json"))?
+            {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// gc executes binaries as root on the ledger's word, so the ledger must be root's
+    /// alone: owned by root and writable by no one else, at every level.
+    pub fn check_trusted(&self) -> Result<()> {
+        for dir in [
+            self.root.clone(),
+            self.records_dir(),
+            self.snapshots_dir(),
+            self.locks_dir(),
+        ] {
+            let meta = match std::fs::metadata(&dir) {
+                Ok(m) => m,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e).with_context(|| format!("checking {}", dir.display())),
+            };
+            if meta.uid() != 0 {
+                bail!(
+                    "refusing ledger: {} is owned by uid {}, not root",
+                    dir.display(),
+                    meta.uid()
+                );
+            }
+            if meta.permissions().mode() & 0o022 != 0 {
+                bail!(
+                    "refusing ledger: {} is writable by group or others (mode {:o})",
+                    dir.display(),
+                    meta.permissions().mode() & 0o7777
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A record stored under another key's name is not trusted either.
+fn check_name(stem: &str, decoded: Decoded) -> Decoded {
+    match decoded {
+        Decoded::Ok(r) if r.key().stem() != stem => Decoded::Damaged(
+            "misnamed",
+            format!("file {stem} holds the record of {}", r.key()),
+        ),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp_ledger(tag: &str) -> Ledger {
+        let root = std::env::temp_dir().join(format!("cl-ledger-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        Ledger::open_for_write(&root).unwrap()
+    }
+
+    #[test]
+    fn write_read_remove() {
+        let l = tmp_ledger("wrr");
+        let r = record::sample();
+        l.write(&r).unwrap();
+        let stem = r.key().stem();
+        assert!(matches!(l.read(&stem).unwrap(), Some(Decoded::Ok(_))));
+        let mode = std::fs::metadata(l.record_path(&stem))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert!(l.remove(&stem).unwrap());
+        assert!(l.read(&stem).unwrap().is_none());
+        std::fs::remove_dir_all(l.root()).unwrap();
+    }
+
+    #[test]
+    fn misnamed_and_damaged_records_are_not_trusted() {
+        let l = tmp_ledger("dmg");
+        let r = record::sample();
+        std::fs::write(l.record_path("other:id:eth0"), record::encode(&r)).unwrap();
+        assert!(matches!(
+            l.read("other:id:eth0").unwrap(),
+            Some(Decoded::Damaged("misnamed", _))
+        ));
+        let mut seen = 0;
+        l.for_each(|e| {
+            seen += 1;
+            assert!(matches!(e.decoded, Decoded::Damaged(..)));
+            let q = l.quarantine(&e.path).unwrap();
+            assert!(q.starts_with(l.quarantine_dir()));
+        })
+        .unwrap();
+        assert_eq!(seen, 1);
+        std::fs::remove_dir_all(l.root()).unwrap();
+    }
+
+    #[test]
+    fn snapshots_are_content_addressed_and_swept() {
+        let l = tmp_ledger("snap");
+        let h = l.put_snapshot(b"{\"name\":\"n\"}").unwrap();
+        assert_eq!(l.put_snapshot(b"{\"name\":\"n\"}").unwrap(), h);
+        assert!(matches!(l.get_snapshot(&h).unwrap(), Some(Ok(_))));
+        std::fs::write(l.snapshot_path(&h), b"tampered").unwrap();
+        assert!(matches!(
+            l.get_snapshot(&h).unwrap(),
+            Some(Err("checksum-mismatch"))
+        ));
+        // A damaged copy is replaced by the next writer.
+        l.put_snapshot(b"{\"name\":\"n\"}").unwrap();
+        assert!(matches!(l.get_snapshot(&h).unwrap(), Some(Ok(_))));
+        let mut r = record::sample();
+        r.snapshot = Some(h.clone());
+        l.write(&r).unwrap();
+        let unused = l.put_snapshot(b"{}").unwrap();
+        assert_eq!(l.sweep_snapshots().unwrap(), 1);
+        assert!(l.get_snapshot(&unused).unwrap().is_none());
+        assert!(l.get_snapshot(&h).unwrap().is_some());
+        std::fs::remove_dir_all(l.root()).unwrap();
+    }
+}

@@ -1,0 +1,215 @@
+//! One attachment's record and its on-disk encoding.
+//!
+//! A record file is one line of JSON:
+//! `{"format":1,"sha256":"<hex>","record":{...}}` where the hash covers the exact bytes
+//! of the `record` value as stored. A file whose hash does not match, or that does not
+//! decode, is damaged; one with a newer `format` is left alone for a newer binary.
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::sandbox::NsId;
+
+pub const FORMAT: u32 = 1;
+
+/// What identifies an attachment, as libcni does: network, container, interface.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Key {
+    pub network: String,
+    pub container_id: String,
+    pub ifname: String,
+}
+
+impl Key {
+    /// File stem: readable `net:cid:ifname` (`:` cannot occur in any part), or a hash
+    /// when that would exceed what a file name can hold.
+    pub fn stem(&self) -> String {
+        let readable = format!("{}:{}:{}", self.network, self.container_id, self.ifname);
+        if readable.len() <= 200 {
+            readable
+        } else {
+            format!("h-{}", sha256_hex(readable.as_bytes()))
+        }
+    }
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}", self.network, self.container_id, self.ifname)
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GcState {
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    pub last_attempt_at: Option<String>,
+    pub next_attempt_at: Option<String>,
+    pub failed: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Record {
+    pub network: String,
+    pub container_id: String,
+    pub ifname: String,
+    pub netns: String,
+    pub netns_id: Option<NsId>,
+    pub boot_id: String,
+    #[serde(default)]
+    pub cni_args: String,
+    #[serde(default)]
+    pub cni_path: String,
+    pub cni_version: String,
+    #[serde(default)]
+    pub runtime_config: Map<String, Value>,
+    /// The `type` the ledger had in the chain, skipped on replay.
+    pub ledger_type: String,
+    pub snapshot: Option<String>,
+    pub conf_file: Option<String>,
+    pub created_at: String,
+    /// Random per ADD: tells a record apart from a newer one for the same key.
+    pub add_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gc: Option<GcState>,
+}
+
+impl Record {
+    pub fn key(&self) -> Key {
+        Key {
+            network: self.network.clone(),
+            container_id: self.container_id.clone(),
+            ifname: self.ifname.clone(),
+        }
+    }
+
+    pub fn created_unix(&self) -> Option<i64> {
+        crate::time::parse_rfc3339(&self.created_at)
+    }
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    let mut s = String::with_capacity(64);
+    for b in digest {
+        use std::fmt::Write;
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+pub fn encode(record: &Record) -> Vec<u8> {
+    let body = serde_json::to_string(record).expect("a record always serialises");
+    format!(
+        "{{\"format\":{FORMAT},\"sha256\":\"{}\",\"record\":{body}}}\n",
+        sha256_hex(body.as_bytes())
+    )
+    .into_bytes()
+}
+
+#[derive(Debug)]
+pub enum Decoded {
+    Ok(Box<Record>),
+    /// Not to be acted on, to be quarantined; the reason is a short word.
+    Damaged(&'static str, String),
+    /// Written by a newer binary: neither acted on nor quarantined.
+    Newer(u32),
+}
+
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    format: u32,
+    sha256: String,
+    #[serde(borrow)]
+    record: &'a RawValue,
+}
+
+pub fn decode(bytes: &[u8]) -> Decoded {
+    let env: Envelope = match serde_json::from_slice(bytes) {
+        Ok(e) => e,
+        Err(e) => return Decoded::Damaged("undecodable", e.to_string()),
+    };
+    if env.format > FORMAT {
+        return Decoded::Newer(env.format);
+    }
+    let body = env.record.get();
+    if sha256_hex(body.as_bytes()) != env.sha256 {
+        return Decoded::Damaged("checksum-mismatch", "sha256 does not match content".into());
+    }
+    match serde_json::from_str::<Record>(body) {
+        Ok(r) => Decoded::Ok(Box::new(r)),
+        Err(e) => Decoded::Damaged("invalid-record", e.to_string()),
+    }
+}
+
+#[cfg(test)]
+pub(crate) fn sample() -> Record {
+    Record {
+        network: "net1".into(),
+        container_id: "abc".into(),
+        ifname: "eth0".into(),
+        netns: "/run/netns/x".into(),
+        netns_id: Some(NsId {
+            dev: 4,
+            ino: 4026532000,
+        }),
+        boot_id: "b".into(),
+        cni_args: "K8S_POD_NAME=p".into(),
+        cni_path: "/opt/cni/bin".into(),
+        cni_version: "1.0.0".into(),
+        runtime_config: Map::new(),
+        ledger_type: "cni-ledger".into(),
+        snapshot: None,
+        conf_file: None,
+        created_at: "2026-12-02T17:41:33Z".into(),
+        add_id: "00".into(),
+        gc: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_every_single_byte_flip_is_caught() {
+        let r = sample();
+        let bytes = encode(&r);
+        match decode(&bytes) {
+            Decoded::Ok(d) => assert_eq!(*d, r),
+            other => panic!("{other:?}"),
+        }
+        for i in 0..bytes.len() - 1 {
+            let mut b = bytes.clone();
+            b[i] ^= 0x01;
+            match decode(&b) {
+                Decoded::Ok(d) => assert_eq!(*d, r, "flip at {i} changed the record undetected"),
+                Decoded::Damaged(..) | Decoded::Newer(_) => {}
+            }
+        }
+        for cut in 0..bytes.len() - 1 {
+            assert!(
+                !matches!(decode(&bytes[..cut]), Decoded::Ok(_)),
+                "truncation at {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn newer_format_is_not_damage() {
+        let bytes = br#"{"format":9,"sha256":"x","record":{}}"#;
+        assert!(matches!(decode(bytes), Decoded::Newer(9)));
+    }
+
+    #[test]
+    fn long_keys_are_hashed() {
+        let mut k = sample().key();
+        assert_eq!(k.stem(), "net1:abc:eth0");
+        k.container_id = "a".repeat(300);
+        assert!(k.stem().starts_with("h-") && k.stem().len() == 66);
+    }
+}

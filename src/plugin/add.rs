@@ -1,0 +1,170 @@
+//! ADD: record the attachment durably (write-ahead), then pass the result on.
+
+use super::{busy, empty_result, ledger_error};
+use crate::cni::config::{NetConf, OnLedgerError, DEFAULT_CONF_DIR};
+use crate::cni::env::CmdArgs;
+use crate::cni::error::CniError;
+use crate::conflist;
+use crate::ledger::{Key, Ledger, Record, Wait};
+use crate::sandbox::{self, Probe};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub fn add(conf: &NetConf, args: &CmdArgs) -> Result<Value, CniError> {
+    let result = conf
+        .prev_result
+        .clone()
+        .unwrap_or_else(|| empty_result(&conf.cni_version));
+    match record(conf, args) {
+        Ok(()) => Ok(result),
+        Err(e) if conf.on_ledger_error == OnLedgerError::Warn => {
+            crate::warn!(
+                "ADD {}/{}/{}: not recorded, going on (onLedgerError=warn): {e}",
+                conf.name,
+                args.container_id,
+                args.ifname
+            );
+            Ok(result)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn conf_dir(conf: &NetConf) -> PathBuf {
+    conf.conf_dir
+        .clone()
+        .or_else(|| std::env::var_os("NETCONFPATH").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONF_DIR))
+}
+
+fn record(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
+    let ledger = Ledger::open_for_write(&conf.ledger_dir).map_err(ledger_error)?;
+    let key = Key {
+        network: conf.name.clone(),
+        container_id: args.container_id.clone(),
+        ifname: args.ifname.clone(),
+    };
+    let stem = key.stem();
+    let wait = Wait::Upto(Duration::from_millis(conf.lock_timeout_ms));
+    let _lock = ledger
+        .lock(&stem, wait)
+        .map_err(ledger_error)?
+        .ok_or_else(|| busy(&key))?;
+
+    let boot_id = sandbox::boot_id()
+        .map_err(|e| ledger_error(anyhow::Error::new(e).context("reading the boot ID")))?;
+    let netns_id = match sandbox::probe(&args.netns) {
+        Probe::Namespace(id) => Some(id),
+        other => {
+            crate::warn!(
+                "ADD {key}: netns {} is not a namespace now ({other:?}); recorded without identity",
+                args.netns
+            );
+            None
+        }
+    };
+
+    // The snapshot guard is held until the record naming the snapshot is durable, so a
+    // concurrent sweep cannot delete the snapshot in between.
+    let dir = conf_dir(conf);
+    let mut guard = None;
+    let (snapshot, conf_file) = match conflist::find(&dir, &conf.name) {
+        Ok(Some(found)) if chain_includes(&found.list, &conf.plugin_type) => {
+            warn_capabilities(conf, &found.list);
+            guard = Some(ledger.snapshot_guard_shared().map_err(ledger_error)?);
+            let hash = ledger.put_snapshot(&found.bytes).map_err(ledger_error)?;
+            (Some(hash), Some(found.path.display().to_string()))
+        }
+        Ok(Some(found)) => {
+            crate::warn!(
+                "ADD {key}: {} is named {} but has no {} entry; not snapshotting it",
+                found.path.display(),
+                conf.name,
+                conf.plugin_type
+            );
+            (None, None)
+        }
+        Ok(None) => {
+            crate::warn!(
+                "ADD {key}: no conflist named {} in {}; recording without a snapshot",
+                conf.name,
+                dir.display()
+            );
+            (None, None)
+        }
+        Err(e) => {
+            crate::warn!("ADD {key}: cannot search {}: {e:#}", dir.display());
+            (None, None)
+        }
+    };
+
+    let now = crate::time::now();
+    let rec = Record {
+        network: key.network.clone(),
+        container_id: key.container_id.clone(),
+        ifname: key.ifname.clone(),
+        netns: args.netns.clone(),
+        netns_id,
+        boot_id,
+        cni_args: args.args.clone(),
+        cni_path: args.path.clone(),
+        cni_version: conf.cni_version.clone(),
+        runtime_config: conf.runtime_config.clone(),
+        ledger_type: conf.plugin_type.clone(),
+        snapshot,
+        conf_file,
+        created_at: crate::time::rfc3339(now),
+        add_id: add_id(),
+        gc: None,
+    };
+    ledger.write(&rec).map_err(ledger_error)?;
+    drop(guard);
+    crate::info!("ADD {key}: recorded (netns {})", args.netns);
+    Ok(())
+}
+
+/// Unique per ADD; needs no secrecy, only to differ from every earlier ADD of the key.
+fn add_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{nanos:x}-{:x}", std::process::id())
+}
+
+fn chain_includes(list: &Value, ledger_type: &str) -> bool {
+    conflist::plugins(list)
+        .iter()
+        .any(|p| conflist::plugin_type(p) == ledger_type)
+}
+
+/// The ledger only receives capability args it declares; a later plugin's capability
+/// it lacks could not be replayed. One it declares that nobody else does would make
+/// runtimes believe the chain handles it.
+fn warn_capabilities(conf: &NetConf, list: &Value) {
+    let mut others = std::collections::BTreeSet::new();
+    for plugin in conflist::plugins(list) {
+        if conflist::plugin_type(plugin) == conf.plugin_type {
+            continue;
+        }
+        for cap in conflist::declared_capabilities(plugin) {
+            if !conf.capabilities.contains(&cap) {
+                crate::warn!(
+                    "network {}: plugin {} declares capability {cap} that cni-ledger does not; its args cannot be replayed",
+                    conf.name,
+                    conflist::plugin_type(plugin)
+                );
+            }
+            others.insert(cap);
+        }
+    }
+    for cap in &conf.capabilities {
+        if !others.contains(cap) {
+            crate::warn!(
+                "network {}: cni-ledger declares capability {cap} that no other plugin declares; remove it",
+                conf.name
+            );
+        }
+    }
+}

@@ -1,0 +1,50 @@
+//! CNI 1.1 GC: the runtime names the attachments that are still valid for this network;
+//! every other record of the network is stale and its DEL is replayed.
+
+use crate::cni::config::NetConf;
+use crate::cni::error::{self, CniError};
+use crate::gc;
+use serde::Deserialize;
+use std::collections::HashSet;
+
+#[derive(Deserialize)]
+struct Attachment {
+    #[serde(rename = "containerID")]
+    container_id: String,
+    ifname: String,
+}
+
+pub fn gc(conf: &NetConf) -> Result<(), CniError> {
+    let list = conf
+        .raw
+        .get("cni.dev/valid-attachments")
+        .or_else(|| conf.raw.get("cni.dev/attachments"))
+        .cloned()
+        .unwrap_or_else(|| serde_json::json!([]));
+    let attachments: Vec<Attachment> = serde_json::from_value(list).map_err(|e| {
+        CniError::new(
+            error::INVALID_NETWORK_CONFIG,
+            "invalid cni.dev/valid-attachments",
+            e.to_string(),
+        )
+    })?;
+    let mut opts = gc::Options::new(conf.ledger_dir.clone());
+    opts.network = Some(conf.name.clone());
+    opts.valid = Some(
+        attachments
+            .into_iter()
+            .map(|a| (a.container_id, a.ifname))
+            .collect::<HashSet<_>>(),
+    );
+    opts.conf_dir = conf.conf_dir.clone();
+    let report = gc::run(&opts).map_err(|e| CniError::from_anyhow(error::IO_FAILURE, &e))?;
+    crate::info!(
+        "GC {}: {} stale, {} replayed, {} retrying, {} failed",
+        conf.name,
+        report.summary.stale,
+        report.summary.replayed,
+        report.summary.retrying,
+        report.summary.failed
+    );
+    Ok(())
+}

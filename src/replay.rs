@@ -1,0 +1,274 @@
+//! Replaying DEL through a recorded chain the way libcni's DelNetworkList does, except
+//! that a failing plugin does not stop the others: DEL is idempotent, and the main
+//! plugin's IPAM release matters most. The caller keeps the record when any failed.
+
+use crate::conflist;
+use serde::Serialize;
+use serde_json::{Map, Value};
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// What one DEL replay needs besides the chain itself.
+pub struct Invocation<'a> {
+    pub network: &'a str,
+    pub container_id: &'a str,
+    pub ifname: &'a str,
+    /// The recorded namespace, only while it still is that namespace; else None.
+    pub netns: Option<&'a str>,
+    pub cni_args: &'a str,
+    pub cni_path: &'a [PathBuf],
+    pub capability_args: &'a Map<String, Value>,
+    pub prev_result: Option<&'a Value>,
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginOutcome {
+    #[serde(rename = "type")]
+    pub plugin_type: String,
+    pub ok: bool,
+    pub error: Option<String>,
+    pub exit_status: Option<i32>,
+}
+
+/// Runs DEL for every plugin of `list` in reverse order, skipping the ledger's own
+/// entries, and reports each outcome.
+pub fn replay_del(list: &Value, ledger_type: &str, inv: &Invocation) -> Vec<PluginOutcome> {
+    let cni_version = list.get("cniVersion").and_then(Value::as_str).unwrap_or("");
+    // libcni hands cached results to DEL only from 0.4.0 on.
+    let prev = inv
+        .prev_result
+        .filter(|_| crate::cni::version::at_least(cni_version, "0.4.0"));
+    conflist::plugins(list)
+        .iter()
+        .rev()
+        .filter(|p| conflist::plugin_type(p) != ledger_type)
+        .map(|plugin| {
+            let plugin_type = conflist::plugin_type(plugin).to_string();
+            let config = plugin_config(plugin, inv.network, cni_version, inv.capability_args, prev);
+            let result = find_plugin(&plugin_type, inv.cni_path)
+                .and_then(|bin| invoke_del(&bin, &config, inv));
+            match result {
+                Ok(()) => PluginOutcome {
+                    plugin_type,
+                    ok: true,
+                    error: None,
+                    exit_status: Some(0),
+                },
+                Err((msg, status)) => PluginOutcome {
+                    plugin_type,
+                    ok: false,
+                    error: Some(msg),
+                    exit_status: status,
+                },
+            }
+        })
+        .collect()
+}
+
+/// The plugin's own object plus what libcni injects: name, cniVersion, prevResult, and
+/// runtimeConfig = the capability args the plugin declares (only when non-empty).
+pub fn plugin_config(
+    plugin: &Value,
+    network: &str,
+    cni_version: &str,
+    capability_args: &Map<String, Value>,
+    prev_result: Option<&Value>,
+) -> Value {
+    let mut obj = plugin.as_object().cloned().unwrap_or_default();
+    obj.insert("name".into(), Value::from(network));
+    obj.insert("cniVersion".into(), Value::from(cni_version));
+    if let Some(prev) = prev_result {
+        obj.insert("prevResult".into(), prev.clone());
+    }
+    let runtime: Map<String, Value> = conflist::declared_capabilities(plugin)
+        .into_iter()
+        .filter_map(|cap| capability_args.get(&cap).map(|v| (cap, v.clone())))
+        .collect();
+    if !runtime.is_empty() {
+        obj.insert("runtimeConfig".into(), Value::Object(runtime));
+    }
+    Value::Object(obj)
+}
+
+/// A plugin type is a bare file name found in one of the CNI_PATH directories; a type
+/// like `../../bin/sh` or `/bin/sh` is refused.
+pub fn find_plugin(plugin_type: &str, dirs: &[PathBuf]) -> Result<PathBuf, (String, Option<i32>)> {
+    let bare = !plugin_type.is_empty()
+        && plugin_type != "."
+        && plugin_type != ".."
+        && !plugin_type.contains(['/', '\0']);
+    if !bare {
+        return Err((
+            format!("refusing plugin type {plugin_type:?}: not a bare name"),
+            None,
+        ));
+    }
+    for dir in dirs.iter().filter(|d| d.is_absolute()) {
+        let candidate = dir.join(plugin_type);
+        if let Ok(meta) = std::fs::metadata(&candidate) {
+            if meta.is_file() && meta.permissions().mode() & 0o111 != 0 {
+                return Ok(candidate);
+            }
+        }
+    }
+    Err((
+        format!("plugin {plugin_type:?} not found in CNI_PATH {dirs:?}"),
+        None,
+    ))
+}
+
+const MAX_OUTPUT: u64 = 1 << 20;
+
+fn drain(mut r: impl Read + Send + 'static) -> mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = (&mut r).take(MAX_OUTPUT).read_to_end(&mut buf);
+        let _ = tx.send(buf);
+    });
+    rx
+}
+
+fn invoke_del(bin: &Path, config: &Value, inv: &Invocation) -> Result<(), (String, Option<i32>)> {
+    let mut cmd = Command::new(bin);
+    // Like libcni: the caller's environment plus the CNI variables, none inherited.
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("CNI_") {
+            cmd.env_remove(k);
+        }
+    }
+    let path = std::env::join_paths(inv.cni_path).unwrap_or_default();
+    cmd.env("CNI_COMMAND", "DEL")
+        .env("CNI_CONTAINERID", inv.container_id)
+        .env("CNI_NETNS", inv.netns.unwrap_or(""))
+        .env("CNI_IFNAME", inv.ifname)
+        .env("CNI_ARGS", inv.cni_args)
+        .env("CNI_PATH", path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own process group, so a timeout kills whatever it started too.
+        .process_group(0);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| (format!("cannot run {}: {e}", bin.display()), None))?;
+    let pid = child.id() as i32;
+    let stdin = serde_json::to_vec(config).unwrap_or_default();
+    let mut pipe = child.stdin.take().expect("stdin is piped");
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        let _ = pipe.write_all(&stdin);
+    });
+    let out = drain(child.stdout.take().expect("stdout is piped"));
+    let err = drain(child.stderr.take().expect("stderr is piped"));
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    let status = match rx.recv_timeout(inv.timeout) {
+        Ok(Ok(status)) => status,
+        Ok(Err(e)) => return Err((format!("waiting for {}: {e}", bin.display()), None)),
+        Err(_) => {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            let _ = rx.recv();
+            return Err((
+                format!("timed out after {}s and was killed", inv.timeout.as_secs()),
+                None,
+            ));
+        }
+    };
+    let _ = writer.join();
+    let stdout = out.recv_timeout(Duration::from_secs(1)).unwrap_or_default();
+    let stderr = err.recv_timeout(Duration::from_secs(1)).unwrap_or_default();
+    if status.success() {
+        return Ok(());
+    }
+    Err((describe_failure(&stdout, &stderr), status.code()))
+}
+
+/// The plugin's CNI error message when it printed one, else the end of its stderr.
+fn describe_failure(stdout: &[u8], stderr: &[u8]) -> String {
+    if let Ok(v) = serde_json::from_slice::<Value>(stdout) {
+        if let Some(msg) = v.get("msg").and_then(Value::as_str) {
+            let code = v.get("code").and_then(Value::as_u64).unwrap_or(0);
+            return match v.get("details").and_then(Value::as_str) {
+                Some(d) if !d.is_empty() => format!("code {code}: {msg}: {d}"),
+                _ => format!("code {code}: {msg}"),
+            };
+        }
+    }
+    let text = String::from_utf8_lossy(if stderr.is_empty() { stdout } else { stderr });
+    let text = text.trim();
+    let tail: String = text
+        .chars()
+        .rev()
+        .take(500)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    if tail.is_empty() {
+        "failed without output".into()
+    } else {
+        tail
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn runtime_config_is_the_declared_capabilities_only() {
+        let caps = json!({"portMappings":[{"hostPort":1}],"bandwidth":{"x":1}});
+        let plugin = json!({"type":"portmap","capabilities":{"portMappings":true},"snat":false});
+        let c = plugin_config(&plugin, "n", "1.0.0", caps.as_object().unwrap(), None);
+        assert_eq!(c["runtimeConfig"], json!({"portMappings":[{"hostPort":1}]}));
+        assert_eq!(c["name"], "n");
+        assert_eq!(c["snat"], false);
+        let bridge = json!({"type":"bridge"});
+        let c = plugin_config(
+            &bridge,
+            "n",
+            "1.0.0",
+            caps.as_object().unwrap(),
+            Some(&json!({"ips":[]})),
+        );
+        assert!(c.get("runtimeConfig").is_none());
+        assert_eq!(c["prevResult"], json!({"ips":[]}));
+    }
+
+    #[test]
+    fn only_bare_names_are_executed() {
+        let dirs = [PathBuf::from("/bin"), PathBuf::from("/usr/bin")];
+        for bad in ["", ".", "..", "../../bin/sh", "/bin/sh", "a/b"] {
+            assert!(find_plugin(bad, &dirs).is_err(), "{bad}");
+        }
+        assert!(find_plugin("sh", &dirs).is_ok());
+        assert!(
+            find_plugin("sh", &[PathBuf::from("bin")]).is_err(),
+            "relative dirs are ignored"
+        );
+    }
+
+    #[test]
+    fn failures_are_described_by_cni_error_or_stderr() {
+        assert_eq!(
+            describe_failure(br#"{"code":7,"msg":"bad","details":"x"}"#, b""),
+            "code 7: bad: x"
+        );
+        assert_eq!(describe_failure(b"", b"boom\n"), "boom");
+        assert_eq!(describe_failure(b"", b""), "failed without output");
+    }
+}
