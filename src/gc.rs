@@ -62,12 +62,14 @@ impl Options {
 }
 
 #[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Summary {
     pub live: usize,
     pub stale: usize,
     pub replayed: usize,
     pub retrying: usize,
     pub failed: usize,
+    pub would_replay: usize,
     pub skipped: usize,
     pub damaged: usize,
 }
@@ -105,9 +107,11 @@ pub struct Report {
 }
 
 impl Report {
-    /// 0 when nothing stale remains to be cleaned, 1 when something is left for later.
+    /// 0 when nothing stale remains to be cleaned (records in their grace period are not
+    /// judged yet), 1 when something is left for later or, in a dry run, would be replayed.
     pub fn exit_code(&self) -> i32 {
-        if self.summary.retrying + self.summary.failed > 0 || !self.damaged.is_empty() {
+        let s = &self.summary;
+        if s.retrying + s.failed + s.would_replay > 0 || !self.damaged.is_empty() {
             1
         } else {
             0
@@ -242,6 +246,7 @@ pub fn run(opts: &Options) -> Result<Report> {
             }
             "retrying" | "skip-backoff" | "busy" => report.summary.retrying += 1,
             "failed" | "skip-failed" => report.summary.failed += 1,
+            "would-replay" => report.summary.would_replay += 1,
             "live" => {
                 report.summary.live += 1;
                 report.summary.stale -= 1;

@@ -107,10 +107,11 @@ pub fn run(args: Args) -> Result<i32> {
 fn print_human(r: &Report) {
     let s = &r.summary;
     println!(
-        "{}stale {}, replayed {}, retrying {}, failed {}, skipped {}, live {}, damaged {}",
+        "{}stale {}, {} {}, retrying {}, failed {}, skipped {}, live {}, damaged {}",
         if r.dry_run { "dry run: " } else { "" },
         s.stale,
-        s.replayed,
+        if r.dry_run { "would replay" } else { "replayed" },
+        if r.dry_run { s.would_replay } else { s.replayed },
         s.retrying,
         s.failed,
         s.skipped,
