@@ -39,6 +39,7 @@ struct Raw {
     #[serde(default)]
     prev_result: Option<Value>,
     lock_timeout_ms: Option<u64>,
+    gc_grace_secs: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -55,6 +56,9 @@ pub struct NetConf {
     pub runtime_config: Map<String, Value>,
     pub prev_result: Option<Value>,
     pub lock_timeout_ms: u64,
+    /// Grace period of the CNI GC verb: younger records may belong to ADDs the runtime's
+    /// valid list predates.
+    pub gc_grace_secs: u64,
     /// The whole stdin document, for commands (GC) that read more keys.
     pub raw: Value,
 }
@@ -106,6 +110,7 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
         runtime_config: raw.runtime_config,
         prev_result: raw.prev_result,
         lock_timeout_ms: raw.lock_timeout_ms.unwrap_or(5000),
+        gc_grace_secs: raw.gc_grace_secs.unwrap_or(60),
         raw: value,
     })
 }

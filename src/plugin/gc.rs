@@ -37,6 +37,7 @@ pub fn gc(conf: &NetConf) -> Result<(), CniError> {
             .collect::<HashSet<_>>(),
     );
     opts.conf_dir = conf.conf_dir.clone();
+    opts.grace_secs = conf.gc_grace_secs as i64;
     let report = gc::run(&opts).map_err(|e| CniError::from_anyhow(error::IO_FAILURE, &e))?;
     crate::info!(
         "GC {}: {} stale, {} replayed, {} retrying, {} failed",
