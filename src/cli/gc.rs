@@ -106,12 +106,17 @@ pub fn run(args: Args) -> Result<i32> {
 
 fn print_human(r: &Report) {
     let s = &r.summary;
+    let (done, n) = if r.dry_run {
+        ("would replay", s.would_replay)
+    } else {
+        ("replayed", s.replayed)
+    };
     println!(
         "{}stale {}, {} {}, retrying {}, failed {}, skipped {}, live {}, damaged {}",
         if r.dry_run { "dry run: " } else { "" },
         s.stale,
-        if r.dry_run { "would replay" } else { "replayed" },
-        if r.dry_run { s.would_replay } else { s.replayed },
+        done,
+        n,
         s.retrying,
         s.failed,
         s.skipped,
