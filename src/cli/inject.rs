@@ -27,13 +27,23 @@ pub struct Args {
     /// Write this `ledgerDir` into the entry (default: the plugin's default).
     #[arg(long)]
     ledger_dir: Option<PathBuf>,
+    /// Write this `confDir` into the entry, for a conf dir other than /etc/cni/net.d.
+    #[arg(long)]
+    conf_dir: Option<PathBuf>,
+}
+
+/// Options written into the ledger's entry.
+#[derive(Default)]
+pub struct EntryOptions<'a> {
+    pub ledger_dir: Option<&'a Path>,
+    pub conf_dir: Option<&'a Path>,
 }
 
 /// Returns the new conflist, or an error saying why this document cannot take a ledger.
 pub fn transform(
     doc: &Value,
     plugin_type: &str,
-    ledger_dir: Option<&Path>,
+    opts: &EntryOptions,
     remove: bool,
 ) -> Result<Value> {
     let Some(obj) = doc.as_object() else {
@@ -64,8 +74,10 @@ pub fn transform(
                 m.insert("type".into(), Value::from(plugin_type));
                 m
             });
-        if let Some(dir) = ledger_dir {
-            entry.insert("ledgerDir".into(), Value::from(dir.display().to_string()));
+        for (key, dir) in [("ledgerDir", opts.ledger_dir), ("confDir", opts.conf_dir)] {
+            if let Some(dir) = dir {
+                entry.insert(key.into(), Value::from(dir.display().to_string()));
+            }
         }
         if caps.is_empty() {
             entry.remove("capabilities");
@@ -107,18 +119,17 @@ fn write_replacing(path: &Path, bytes: &[u8]) -> Result<()> {
 
 pub fn run(args: Args) -> Result<i32> {
     let mut status = 0;
+    let opts = EntryOptions {
+        ledger_dir: args.ledger_dir.as_deref(),
+        conf_dir: args.conf_dir.as_deref(),
+    };
     for path in &args.files {
         let result = (|| -> Result<&'static str> {
             let bytes =
                 std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
             let doc: Value = serde_json::from_slice(&bytes)
                 .with_context(|| format!("parsing {}", path.display()))?;
-            let new = transform(
-                &doc,
-                &args.plugin_type,
-                args.ledger_dir.as_deref(),
-                args.remove,
-            )?;
+            let new = transform(&doc, &args.plugin_type, &opts, args.remove)?;
             let mut text = serde_json::to_string_pretty(&new)?;
             text.push('\n');
             if args.dry_run {
@@ -161,20 +172,26 @@ mod tests {
             {"type":"bridge"},
             {"type":"portmap","capabilities":{"portMappings":true}},
             {"type":"bandwidth","capabilities":{"bandwidth":true,"other":false}}]});
-        let once = transform(&doc, "cni-ledger", None, false).unwrap();
+        let once = transform(&doc, "cni-ledger", &EntryOptions::default(), false).unwrap();
         assert_eq!(
             once["plugins"][0],
             json!({"type":"cni-ledger","capabilities":{"portMappings":true,"bandwidth":true}})
         );
         assert_eq!(once["plugins"].as_array().unwrap().len(), 4);
-        assert_eq!(transform(&once, "cni-ledger", None, false).unwrap(), once);
-        assert_eq!(transform(&once, "cni-ledger", None, true).unwrap(), doc);
+        assert_eq!(
+            transform(&once, "cni-ledger", &EntryOptions::default(), false).unwrap(),
+            once
+        );
+        assert_eq!(
+            transform(&once, "cni-ledger", &EntryOptions::default(), true).unwrap(),
+            doc
+        );
     }
 
     #[test]
     fn no_capabilities_when_the_chain_declares_none_and_keeps_options() {
         let doc = json!({"name":"n","plugins":[{"type":"bridge"},{"type":"cni-ledger","logFile":"/x","capabilities":{"portMappings":true}}]});
-        let out = transform(&doc, "cni-ledger", None, false).unwrap();
+        let out = transform(&doc, "cni-ledger", &EntryOptions::default(), false).unwrap();
         assert_eq!(
             out["plugins"][0],
             json!({"type":"cni-ledger","logFile":"/x"})
@@ -187,7 +204,7 @@ mod tests {
         let e = transform(
             &json!({"name":"n","type":"bridge"}),
             "cni-ledger",
-            None,
+            &EntryOptions::default(),
             false,
         )
         .unwrap_err();

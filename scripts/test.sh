@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# scripts/test.sh: the project's single test command (see README).
+#
+# Runs as root on Debian bookworm: installs the packages the integration tests
+# use (real CNI plugins, libcni's Go source, iptables, iproute2, hyperfine),
+# then cargo fmt --check, clippy with -D warnings and the whole test suite.
+# Exits non-zero as soon as any stage fails.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+say() { printf '\n==> %s\n' "$*"; }
+die() {
+	printf 'scripts/test.sh: %s\n' "$*" >&2
+	exit 1
+}
+
+[ "$(id -u)" -eq 0 ] ||
+	die "must run as root: the tests create network namespaces, run the real CNI plugins and change iptables"
+
+# rustup's cargo is often not on a plain root shell's PATH.
+if [ -z "${HOME:-}" ]; then
+	HOME=$(getent passwd "$(id -u)" | cut -d: -f6)
+	export HOME
+fi
+for d in /root/.cargo/bin "$HOME/.cargo/bin"; do
+	case ":$PATH:" in
+	*":$d:"*) ;;
+	*) [ ! -d "$d" ] || PATH=$d:$PATH ;;
+	esac
+done
+export PATH
+command -v cargo >/dev/null 2>&1 || die "cargo not found; install Rust >= 1.89 (https://rustup.rs)"
+
+packages=(containernetworking-plugins golang-go golang-github-appc-cni-dev iptables iproute2 hyperfine)
+missing=()
+for p in "${packages[@]}"; do
+	status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) || status=
+	[ "$status" = "install ok installed" ] || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+	say "installing test dependencies: ${missing[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update
+	apt-get install -y "${packages[@]}"
+fi
+
+say "cargo fmt --check"
+cargo fmt --check
+
+say "cargo clippy --locked --all-targets --features testing -- -D warnings"
+cargo clippy --locked --all-targets --features testing -- -D warnings
+
+say "cargo test --locked --features testing"
+cargo test --locked --features testing
+
+say "all checks passed"
