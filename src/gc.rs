@@ -255,6 +255,11 @@ pub fn run(opts: &Options) -> Result<Report> {
         }
         report.records.push(r);
     }
+    let s = &report.summary;
+    crate::info!(
+        "gc: done: {} live, {} stale ({} replayed, {} retrying, {} failed, {} would replay, {} skipped), {} damaged",
+        s.live, s.stale, s.replayed, s.retrying, s.failed, s.would_replay, s.skipped, s.damaged
+    );
     if removed_any {
         match ledger.sweep_snapshots() {
             Ok(n) if n > 0 => crate::info!("gc: removed {n} unreferenced snapshot(s)"),
