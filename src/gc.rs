@@ -186,25 +186,53 @@ pub fn run(opts: &Options) -> Result<Report> {
     let boot = sandbox::boot_id().context("reading the boot ID")?;
     let now = crate::time::now();
 
-    let mut candidates: Vec<(Box<Record>, Reason)> = Vec::new();
+    #[derive(Default)]
+    struct Scan {
+        live: usize,
+        candidates: Vec<(Box<Record>, Reason)>,
+        newer: Vec<DamagedReport>,
+        damaged: Vec<(String, PathBuf, &'static str, String)>,
+    }
+    let scans = ledger.scan(
+        crate::ledger::scan_jobs(),
+        Scan::default,
+        |acc, entry| match entry.decoded {
+            Decoded::Ok(rec) => {
+                if opts.network.as_ref().is_some_and(|n| *n != rec.network) {
+                    return;
+                }
+                match judge(&rec, &boot, opts) {
+                    None => acc.live += 1,
+                    Some(reason) => acc.candidates.push((rec, reason)),
+                }
+            }
+            Decoded::Newer(format) => acc.newer.push(DamagedReport {
+                file: entry.path.display().to_string(),
+                reason: format!("newer-format {format}: left for a newer cni-ledger"),
+                quarantined_to: None,
+            }),
+            Decoded::Damaged(reason, detail) => {
+                acc.damaged.push((entry.stem, entry.path, reason, detail))
+            }
+        },
+    )?;
+    let mut candidates = Vec::new();
     let mut damaged = Vec::new();
-    ledger.for_each(|entry| match entry.decoded {
-        Decoded::Ok(rec) => {
-            if opts.network.as_ref().is_some_and(|n| *n != rec.network) {
-                return;
-            }
-            match judge(&rec, &boot, opts) {
-                None => report.summary.live += 1,
-                Some(reason) => candidates.push((rec, reason)),
-            }
-        }
-        Decoded::Newer(format) => report.damaged.push(DamagedReport {
-            file: entry.path.display().to_string(),
-            reason: format!("newer-format {format}: left for a newer cni-ledger"),
-            quarantined_to: None,
-        }),
-        Decoded::Damaged(reason, detail) => damaged.push((entry.stem, entry.path, reason, detail)),
-    })?;
+    for scan in scans {
+        report.summary.live += scan.live;
+        candidates.extend(scan.candidates);
+        report.damaged.extend(scan.newer);
+        damaged.extend(scan.damaged);
+    }
+    // Replay in a stable order: oldest attachments first, then by key.
+    candidates.sort_by(|(a, _), (b, _)| {
+        (&a.created_at, &a.network, &a.container_id, &a.ifname).cmp(&(
+            &b.created_at,
+            &b.network,
+            &b.container_id,
+            &b.ifname,
+        ))
+    });
     for (stem, path, reason, detail) in damaged {
         report.damaged.push(quarantine_damaged(
             &ledger,

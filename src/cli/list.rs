@@ -1,11 +1,17 @@
 //! `cni-ledger list`: every record with its liveness (DESIGN §5 rules 1–3).
 //! Damaged records are quarantined as they are found and listed as `damaged`.
+//!
+//! `--json` streams one object per record as the scan finds it, so memory does not grow
+//! with the ledger; the table is sorted and so holds its (short) cells.
 
 use crate::ledger::{Decoded, Ledger, Record, Wait};
 use crate::sandbox;
 use anyhow::Result;
-use serde_json::{json, Value};
-use std::path::PathBuf;
+use serde::Serialize;
+use serde_json::{Map, Value};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -16,36 +22,74 @@ pub struct Args {
     ledger_dir: PathBuf,
 }
 
-fn row(rec: &Record, boot: &str, path: &std::path::Path) -> Value {
-    let reason = sandbox::staleness(&rec.boot_id, &rec.netns, rec.netns_id, boot);
-    let gc = rec.gc.clone().unwrap_or_default();
-    json!({
-        "network": rec.network,
-        "containerId": rec.container_id,
-        "ifname": rec.ifname,
-        "netns": rec.netns,
-        "createdAt": rec.created_at,
-        "runtimeConfig": rec.runtime_config,
-        "cniArgs": rec.cni_args,
-        "snapshot": rec.snapshot,
-        "state": if reason.is_some() { "stale" } else { "live" },
-        "reason": reason.map(|r| r.as_str()),
-        "attempts": gc.attempts,
-        "lastError": gc.last_error,
-        "nextAttemptAt": gc.next_attempt_at,
-        "failed": gc.failed,
-        "file": path.display().to_string(),
-    })
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Row<'a> {
+    network: &'a str,
+    container_id: &'a str,
+    ifname: &'a str,
+    netns: &'a str,
+    created_at: &'a str,
+    runtime_config: &'a Map<String, Value>,
+    cni_args: &'a str,
+    snapshot: Option<&'a str>,
+    state: &'static str,
+    reason: Option<&'static str>,
+    attempts: u32,
+    last_error: Option<&'a str>,
+    next_attempt_at: Option<&'a str>,
+    failed: bool,
+    file: String,
 }
 
-fn damaged_row(
-    ledger: &Ledger,
-    stem: &str,
-    path: &std::path::Path,
-    reason: &str,
-    detail: &str,
-) -> Value {
-    // Only under the key's lock, and only if still damaged: a writer may just have fixed it.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct OtherRow {
+    file: String,
+    state: &'static str,
+    reason: String,
+    details: String,
+    quarantined_to: Option<String>,
+}
+
+fn table_cells(row: &Row, now: i64) -> Vec<String> {
+    let age = crate::time::parse_rfc3339(row.created_at)
+        .map(|t| super::age(now - t))
+        .unwrap_or_else(|| "-".into());
+    let mut reason = row.reason.unwrap_or("-").to_string();
+    if row.attempts > 0 {
+        reason = format!("{reason} (gc tries: {})", row.attempts);
+    }
+    vec![
+        row.network.into(),
+        row.container_id.into(),
+        row.ifname.into(),
+        row.state.into(),
+        reason,
+        age,
+        row.netns.into(),
+    ]
+}
+
+fn other_cells(row: &OtherRow) -> Vec<String> {
+    let note = match &row.quarantined_to {
+        Some(q) => format!("quarantined: {q}"),
+        None => String::new(),
+    };
+    vec![
+        "-".into(),
+        row.file.clone(),
+        "-".into(),
+        row.state.into(),
+        row.reason.clone(),
+        "-".into(),
+        note,
+    ]
+}
+
+/// Quarantines under the key's lock, and only if still damaged: a writer may just have
+/// replaced the file with a good record.
+fn damaged_row(ledger: &Ledger, stem: &str, path: &Path, reason: &str, detail: &str) -> OtherRow {
     let quarantined = match ledger.lock(stem, Wait::No) {
         Ok(Some(_lock)) => match ledger.read(stem) {
             Ok(Some(Decoded::Ok(_))) | Ok(None) => None,
@@ -61,76 +105,121 @@ fn damaged_row(
             .map(|q| format!(" quarantined to {}", q.display()))
             .unwrap_or_default()
     );
-    json!({
-        "file": path.display().to_string(),
-        "state": "damaged",
-        "reason": reason,
-        "details": detail,
-        "quarantinedTo": quarantined.map(|q| q.display().to_string()),
-    })
+    OtherRow {
+        file: path.display().to_string(),
+        state: "damaged",
+        reason: reason.into(),
+        details: detail.into(),
+        quarantined_to: quarantined.map(|q| q.display().to_string()),
+    }
+}
+
+/// Writes JSON array elements from several threads, commas and all.
+struct JsonArray {
+    out: std::io::BufWriter<std::io::Stdout>,
+    first: bool,
+}
+
+impl JsonArray {
+    fn push(&mut self, v: &impl Serialize) -> std::io::Result<()> {
+        self.out
+            .write_all(if self.first { b"[\n" } else { b",\n" })?;
+        self.first = false;
+        serde_json::to_writer_pretty(&mut self.out, v)?;
+        Ok(())
+    }
+
+    fn finish(mut self) -> std::io::Result<()> {
+        self.out
+            .write_all(if self.first { b"[]\n" } else { b"\n]\n" })?;
+        self.out.flush()
+    }
+}
+
+fn row<'a>(rec: &'a Record, boot: &str, path: &Path) -> Row<'a> {
+    let reason = sandbox::staleness(&rec.boot_id, &rec.netns, rec.netns_id, boot);
+    let gc = rec.gc.as_ref();
+    Row {
+        network: &rec.network,
+        container_id: &rec.container_id,
+        ifname: &rec.ifname,
+        netns: &rec.netns,
+        created_at: &rec.created_at,
+        runtime_config: &rec.runtime_config,
+        cni_args: &rec.cni_args,
+        snapshot: rec.snapshot.as_deref(),
+        state: if reason.is_some() { "stale" } else { "live" },
+        reason: reason.map(|r| r.as_str()),
+        attempts: gc.map_or(0, |g| g.attempts),
+        last_error: gc.and_then(|g| g.last_error.as_deref()),
+        next_attempt_at: gc.and_then(|g| g.next_attempt_at.as_deref()),
+        failed: gc.is_some_and(|g| g.failed),
+        file: path.display().to_string(),
+    }
+}
+
+#[derive(Default)]
+struct Scan {
+    cells: Vec<Vec<String>>,
+    others: Vec<OtherRow>,
+    damaged: Vec<(String, PathBuf, &'static str, String)>,
+    error: Option<std::io::Error>,
 }
 
 pub fn run(args: Args) -> Result<i32> {
     let ledger = Ledger::at(&args.ledger_dir);
     let boot = sandbox::boot_id()?;
     let now = crate::time::now();
-    let mut rows = Vec::new();
-    let mut damaged = Vec::new();
-    ledger.for_each(|e| match e.decoded {
-        Decoded::Ok(rec) => rows.push(row(&rec, &boot, &e.path)),
-        Decoded::Newer(v) => rows.push(json!({
-            "file": e.path.display().to_string(),
-            "state": "unknown",
-            "reason": format!("newer-format-{v}"),
-        })),
-        Decoded::Damaged(reason, detail) => damaged.push((e.stem, e.path, reason, detail)),
-    })?;
-    for (stem, path, reason, detail) in damaged {
-        rows.push(damaged_row(&ledger, &stem, &path, reason, &detail));
+    let json = Mutex::new(JsonArray {
+        out: std::io::BufWriter::new(std::io::stdout()),
+        first: true,
+    });
+    let scans = ledger.scan(
+        crate::ledger::scan_jobs(),
+        Scan::default,
+        |acc, e| match e.decoded {
+            Decoded::Ok(rec) => {
+                let r = row(&rec, &boot, &e.path);
+                if args.json {
+                    if let Err(err) = json.lock().expect("no panics hold this lock").push(&r) {
+                        acc.error.get_or_insert(err);
+                    }
+                } else {
+                    acc.cells.push(table_cells(&r, now));
+                }
+            }
+            Decoded::Newer(v) => acc.others.push(OtherRow {
+                file: e.path.display().to_string(),
+                state: "unknown",
+                reason: format!("newer-format-{v}"),
+                details: "written by a newer cni-ledger; left alone".into(),
+                quarantined_to: None,
+            }),
+            Decoded::Damaged(reason, detail) => acc.damaged.push((e.stem, e.path, reason, detail)),
+        },
+    )?;
+    let mut cells = Vec::new();
+    let mut others = Vec::new();
+    for scan in scans {
+        if let Some(e) = scan.error {
+            return Err(e.into());
+        }
+        cells.extend(scan.cells);
+        others.extend(scan.others);
+        for (stem, path, reason, detail) in scan.damaged {
+            others.push(damaged_row(&ledger, &stem, &path, reason, &detail));
+        }
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        let mut json = json.into_inner().expect("no panics hold this lock");
+        for o in &others {
+            json.push(o)?;
+        }
+        json.finish()?;
         return Ok(0);
     }
-    let s = |v: &Value| v.as_str().unwrap_or("-").to_string();
-    let table: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
-            let age = r["createdAt"]
-                .as_str()
-                .and_then(crate::time::parse_rfc3339)
-                .map(|t| super::age(now - t))
-                .unwrap_or_else(|| "-".into());
-            let mut reason = s(&r["reason"]);
-            if r["attempts"].as_u64().unwrap_or(0) > 0 {
-                reason = format!("{reason} (gc tries: {})", r["attempts"]);
-            }
-            if r["state"] == "damaged" {
-                vec![
-                    "-".into(),
-                    s(&r["file"]),
-                    "-".into(),
-                    "damaged".into(),
-                    reason,
-                    "-".into(),
-                    r["quarantinedTo"]
-                        .as_str()
-                        .map(|q| format!("quarantined: {q}"))
-                        .unwrap_or_default(),
-                ]
-            } else {
-                vec![
-                    s(&r["network"]),
-                    s(&r["containerId"]),
-                    s(&r["ifname"]),
-                    s(&r["state"]),
-                    reason,
-                    age,
-                    s(&r["netns"]),
-                ]
-            }
-        })
-        .collect();
+    cells.sort();
+    cells.extend(others.iter().map(other_cells));
     super::print_table(
         &[
             "NETWORK",
@@ -141,7 +230,7 @@ pub fn run(args: Args) -> Result<i32> {
             "AGE",
             "NETNS",
         ],
-        &table,
+        &cells,
     );
     Ok(0)
 }

@@ -23,6 +23,14 @@ use std::path::{Path, PathBuf};
 pub use lock::{KeyLock, SnapshotGuard, Wait};
 pub use record::{Decoded, Key, Record};
 
+/// Threads for a scan: the work is syscalls on cached files, so a few cores suffice.
+pub fn scan_jobs() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 4)
+}
+
 const RECORD_EXT: &str = ".json";
 /// A record is a few KiB; anything larger is not one of ours.
 const MAX_RECORD: u64 = 4 << 20;
@@ -149,39 +157,99 @@ impl Ledger {
     /// Visits every record file; O(n), one file in memory at a time. Temporary files
     /// of writes in progress (or cut off by a crash) are not records and are skipped.
     pub fn for_each(&self, mut visit: impl FnMut(Entry)) -> Result<()> {
-        let dir = self.records_dir();
-        let rd = match std::fs::read_dir(&dir) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+        let Some(rd) = self.list_records()? else {
+            return Ok(());
         };
         for item in rd {
-            let item = item.with_context(|| format!("listing {}", dir.display()))?;
-            let name = item.file_name().to_string_lossy().into_owned();
-            if name.starts_with(fsio::TMP_PREFIX) {
-                continue;
+            let item = item.with_context(|| format!("listing {}", self.records_dir().display()))?;
+            if let Some(entry) = self.entry(&item) {
+                visit(entry);
             }
-            let path = item.path();
-            let Some(stem) = name.strip_suffix(RECORD_EXT) else {
-                visit(Entry {
-                    stem: name.clone(),
-                    path,
-                    decoded: Decoded::Damaged("foreign-file", "not a record file name".into()),
-                });
-                continue;
-            };
-            let decoded = match self.read(stem) {
-                Ok(Some(d)) => d,
-                Ok(None) => continue, // removed since listed
-                Err(e) => Decoded::Damaged("unreadable", format!("{e:#}")),
-            };
-            visit(Entry {
-                stem: stem.to_string(),
-                path,
-                decoded,
-            });
         }
         Ok(())
+    }
+
+    /// `for_each` on `jobs` threads, each with its own accumulator (returned in a Vec):
+    /// a scan is bound by per-file syscalls, which parallelise. Memory stays one file
+    /// per worker plus what the accumulators keep.
+    pub fn scan<T: Send>(
+        &self,
+        jobs: usize,
+        init: impl Fn() -> T + Sync,
+        visit: impl Fn(&mut T, Entry) + Sync,
+    ) -> Result<Vec<T>> {
+        let Some(rd) = self.list_records()? else {
+            return Ok(vec![init()]);
+        };
+        let rd = std::sync::Mutex::new(rd);
+        let failure = std::sync::Mutex::new(None);
+        let accs = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..jobs.max(1))
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut acc = init();
+                        loop {
+                            let next = rd.lock().expect("no panics hold this lock").next();
+                            match next {
+                                None => break,
+                                Some(Err(e)) => {
+                                    *failure.lock().expect("no panics hold this lock") = Some(e);
+                                    break;
+                                }
+                                Some(Ok(item)) => {
+                                    if let Some(entry) = self.entry(&item) {
+                                        visit(&mut acc, entry);
+                                    }
+                                }
+                            }
+                        }
+                        acc
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().expect("scan worker panicked"))
+                .collect::<Vec<_>>()
+        });
+        if let Some(e) = failure.into_inner().expect("no panics hold this lock") {
+            return Err(e).with_context(|| format!("listing {}", self.records_dir().display()));
+        }
+        Ok(accs)
+    }
+
+    fn list_records(&self) -> Result<Option<std::fs::ReadDir>> {
+        let dir = self.records_dir();
+        match std::fs::read_dir(&dir) {
+            Ok(rd) => Ok(Some(rd)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("listing {}", dir.display())),
+        }
+    }
+
+    fn entry(&self, item: &std::fs::DirEntry) -> Option<Entry> {
+        let name = item.file_name().to_string_lossy().into_owned();
+        if name.starts_with(fsio::TMP_PREFIX) {
+            return None;
+        }
+        let path = item.path();
+        let Some(stem) = name.strip_suffix(RECORD_EXT) else {
+            return Some(Entry {
+                stem: name.clone(),
+                path,
+                decoded: Decoded::Damaged("foreign-file", "not a record file name".into()),
+            });
+        };
+        let decoded = match self.read(stem) {
+            Ok(Some(d)) => d,
+            Ok(None) => return None, // removed since listed
+            Err(e) => Decoded::Damaged("unreadable", format!("{e:#}")),
+        };
+        Some(Entry {
+            stem: stem.to_string(),
+            path,
+            decoded,
+        })
     }
 
     /// Moves a damaged file aside into `quarantine/`, keeping its name, and returns where
