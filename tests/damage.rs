@@ -1,0 +1,432 @@
+//! Damaged records and snapshots (DESIGN §4 "Integrity"): truncated at random offsets
+//! and bit-flipped (deterministic PRNG). Each damaged file must be detected (`verify`
+//! exits 1 and names it), never reported live by `list` (which shows it damaged and
+//! moves it to quarantine/), reported and quarantined by `gc` with no plugin run for it
+//! (counting plugin), and never silently deleted (quarantine holds the exact bytes).
+//!
+//!     cargo test --features testing --test damage -- --nocapture   (prints the figures)
+
+mod common;
+mod rel;
+
+use common::*;
+use rel::*;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+
+const RECORD_VARIANTS: usize = 400;
+const SNAPSHOT_VARIANTS: usize = 200;
+const BATCH: usize = 25;
+const NET: &str = "dmg";
+
+/// What an independent reading says a damaged variant is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// Same record (only the envelope's format 1→0 or the final newline changed):
+    /// may be read as intact or as damaged.
+    Harmless,
+    /// A well-formed envelope of a newer format: left alone for a newer binary, but
+    /// reported and never acted on.
+    Newer,
+    Damaged,
+}
+
+fn classify(orig: &[u8], bytes: &[u8]) -> Class {
+    let o: Value = serde_json::from_slice(orig).unwrap();
+    let Ok(v) = serde_json::from_slice::<Value>(bytes) else {
+        return Class::Damaged;
+    };
+    let envelope_ok = v.as_object().is_some_and(|m| m.len() == 3)
+        && v["sha256"].is_string()
+        && v.get("record").is_some();
+    match v["format"].as_u64() {
+        Some(f) if f > 1 && f <= u32::MAX as u64 && envelope_ok => Class::Newer,
+        Some(0 | 1) if v["record"] == o["record"] && v["sha256"] == o["sha256"] => Class::Harmless,
+        _ => Class::Damaged,
+    }
+}
+
+/// Truncation (even variants) or one flipped bit (odd variants). For records, three in
+/// every hundred are chosen edge cases: the format digit 1 flipped to 3 (a "newer"
+/// record) or to 0, and the final newline cut (both harmless).
+fn damage(rng: &mut Prng, i: usize, orig: &[u8], record: bool) -> (Vec<u8>, String, &'static str) {
+    let format_digit = orig
+        .windows(10)
+        .position(|w| w == b"\"format\":1")
+        .map(|p| p + 9);
+    match (record, i % 100, format_digit) {
+        (true, 95, Some(pos)) | (true, 97, Some(pos)) => {
+            let bit = if i % 100 == 95 { 1 } else { 0 };
+            let mut b = orig.to_vec();
+            b[pos] ^= 1 << bit;
+            let how = format!("format digit flipped to {}", b[pos] as char);
+            return (b, how, "format-digit");
+        }
+        (true, 99, _) => {
+            return (
+                orig[..orig.len() - 1].to_vec(),
+                "final newline cut".to_string(),
+                "newline-cut",
+            )
+        }
+        _ => {}
+    }
+    let keep_newline_cut = record;
+    if i.is_multiple_of(2) {
+        // Cutting only a record's final '\n' leaves the record whole: not damage.
+        let hi = if keep_newline_cut {
+            orig.len() - 1
+        } else {
+            orig.len()
+        };
+        let cut = rng.range(0, hi);
+        (
+            orig[..cut].to_vec(),
+            format!("truncated at {cut}/{}", orig.len()),
+            "truncated",
+        )
+    } else {
+        let pos = rng.range(0, orig.len());
+        let bit = rng.range(0, 8);
+        let mut b = orig.to_vec();
+        b[pos] ^= 1 << bit;
+        (
+            b,
+            format!("bit {bit} of byte {pos}/{} flipped", orig.len()),
+            "bit-flipped",
+        )
+    }
+}
+
+fn quarantined_copy(w: &World, name: &str, bytes: &[u8]) -> Option<String> {
+    w.quarantine()
+        .into_iter()
+        .find(|(q, b)| q.starts_with(&format!("{name}.")) && b == bytes)
+        .map(|(q, _)| q)
+}
+
+#[test]
+fn damaged_records_are_detected_quarantined_and_never_replayed() {
+    require_root();
+    let live_ns = Netns::with_prefix("cld");
+    let mut rng = Prng::new(0xda4a6e);
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    let start = std::time::Instant::now();
+    for batch in 0..RECORD_VARIANTS / BATCH {
+        let list_first = batch % 2 == 1;
+        let w = World::new("dmg", NET, "0");
+        let mut gone = Netns::with_prefix("cld");
+        w.add("live-0", &live_ns.path_str(), &[]);
+        w.add("stale-0", &gone.path_str(), &[]);
+        // variant cid -> (class, damaged bytes, description)
+        let mut variants: BTreeMap<String, (Class, Vec<u8>, String)> = BTreeMap::new();
+        for j in 0..BATCH {
+            let i = batch * BATCH + j;
+            let cid = format!("v-{i}");
+            w.add(&cid, &gone.path_str(), &[]);
+            let path = w.record_path(&cid);
+            let orig = std::fs::read(&path).unwrap();
+            let (bytes, how, kind) = damage(&mut rng, i, &orig, true);
+            std::fs::write(&path, &bytes).unwrap();
+            let class = classify(&orig, &bytes);
+            *counts
+                .entry(match class {
+                    Class::Harmless => "=harmless",
+                    Class::Newer => "=newer-format",
+                    Class::Damaged => "=damaged",
+                })
+                .or_default() += 1;
+            *counts.entry(kind).or_default() += 1;
+            variants.insert(cid, (class, bytes, how));
+        }
+        gone.delete();
+        let ctx = |cid: &str| {
+            let (c, _, how) = &variants[cid];
+            format!("batch {batch}, record {cid} ({how}, {c:?})")
+        };
+
+        // verify: exit 1, names every damaged one, changes nothing
+        let before = w.records();
+        let v = w.verify();
+        let vout = text(&v.stdout);
+        assert_eq!(v.status.code(), Some(1), "verify: {}", describe(&v));
+        for (cid, (class, _, _)) in &variants {
+            if *class != Class::Harmless {
+                assert!(
+                    verify_names(&vout, &w.record_path(cid)),
+                    "{}: verify does not name it:\n{vout}",
+                    ctx(cid)
+                );
+            }
+        }
+        assert!(!verify_names(&vout, &w.record_path("live-0")));
+        assert!(!verify_names(&vout, &w.record_path("stale-0")));
+        assert_eq!(w.records(), before, "verify changed the ledger");
+
+        // detected = what the binary took for damage (all but some harmless ones)
+        let mut detected: BTreeSet<String> = BTreeSet::new();
+        let check_list = |detected: &mut BTreeSet<String>, quarantines: bool| {
+            let rows = w.list_json();
+            for r in &rows {
+                let file = r["file"].as_str().unwrap_or("").to_string();
+                let Some(cid) = variants
+                    .keys()
+                    .find(|c| w.record_path(c).display().to_string() == file)
+                else {
+                    continue;
+                };
+                let class = variants[cid].0;
+                match (r["state"].as_str(), class) {
+                    (Some("damaged"), Class::Damaged | Class::Harmless) => {
+                        assert!(quarantines, "{}: damaged twice", ctx(cid));
+                        assert!(
+                            r["quarantinedTo"].is_string(),
+                            "{}: list did not quarantine: {r}",
+                            ctx(cid)
+                        );
+                        detected.insert(cid.clone());
+                    }
+                    (Some("stale"), Class::Harmless) => {}
+                    (Some("unknown"), Class::Newer) => {}
+                    (state, _) => panic!("{}: list shows it as {state:?}: {r}", ctx(cid)),
+                }
+            }
+            for r in &rows {
+                if r["state"] == "live" {
+                    assert_eq!(r["containerId"], "live-0", "{r}");
+                }
+            }
+            rows
+        };
+        let check_gc = |detected: &mut BTreeSet<String>| {
+            let (g, rep) = w.gc(&[], &[]);
+            let rep = rep.unwrap_or_else(|| panic!("gc printed no JSON: {}", describe(&g)));
+            for d in rep["damaged"].as_array().unwrap() {
+                let file = d["file"].as_str().unwrap();
+                let cid = variants
+                    .keys()
+                    .find(|c| w.record_path(c).display().to_string() == file)
+                    .unwrap_or_else(|| panic!("gc reports {file} damaged: {d}"));
+                match variants[cid].0 {
+                    Class::Newer => assert!(d["quarantinedTo"].is_null(), "{d}"),
+                    _ => {
+                        assert!(
+                            d["quarantinedTo"].is_string(),
+                            "{}: gc did not quarantine: {d}",
+                            ctx(cid)
+                        );
+                        detected.insert(cid.clone());
+                    }
+                }
+            }
+            for r in rep["records"].as_array().unwrap() {
+                let cid = r["containerId"].as_str().unwrap();
+                assert!(
+                    cid == "stale-0" || variants[cid].0 == Class::Harmless,
+                    "gc acted on {cid}: {r}"
+                );
+            }
+            // exit 1 while anything damaged was found (or a newer record is left)
+            let newer = variants.values().any(|v| v.0 == Class::Newer);
+            let want = if rep["damaged"].as_array().unwrap().is_empty() && !newer {
+                0
+            } else {
+                1
+            };
+            assert_eq!(g.status.code(), Some(want), "gc: {}", describe(&g));
+        };
+        if list_first {
+            check_list(&mut detected, true);
+            check_gc(&mut detected);
+        } else {
+            check_gc(&mut detected);
+            let rows = check_list(&mut detected, false);
+            assert!(
+                rows.iter().all(|r| r["state"] != "damaged"),
+                "gc left damage for list: {rows:#?}"
+            );
+        }
+
+        // every damaged one detected; nothing deleted: quarantine or records/ holds the bytes
+        for (cid, (class, bytes, _)) in &variants {
+            let name = w.record_name(cid);
+            match class {
+                Class::Damaged => {
+                    assert!(detected.contains(cid), "{}: not detected", ctx(cid));
+                    assert!(
+                        quarantined_copy(&w, &name, bytes).is_some(),
+                        "{}: not in quarantine with its bytes",
+                        ctx(cid)
+                    );
+                    assert!(!w.record_path(cid).exists(), "{}", ctx(cid));
+                }
+                Class::Newer => assert_eq!(
+                    std::fs::read(w.record_path(cid)).ok().as_ref(),
+                    Some(bytes),
+                    "{}: a newer-format record must be left in place",
+                    ctx(cid)
+                ),
+                Class::Harmless => {
+                    if detected.contains(cid) {
+                        assert!(quarantined_copy(&w, &name, bytes).is_some(), "{}", ctx(cid));
+                    }
+                }
+            }
+        }
+
+        // no plugin ran for a damaged (or newer) record, none for the live one
+        for l in w.log_lines() {
+            let ok = l.cid == "stale-0"
+                || variants
+                    .get(&l.cid)
+                    .is_some_and(|v| v.0 == Class::Harmless && !detected.contains(&l.cid));
+            assert!(ok, "batch {batch}: a DEL was replayed for {l:?}");
+        }
+        assert_eq!(
+            w.log_lines().iter().filter(|l| l.cid == "stale-0").count(),
+            1,
+            "the intact stale record was not replayed once"
+        );
+        assert!(w.record_path("live-0").exists());
+        let v = w.verify();
+        let newer = variants.values().any(|v| v.0 == Class::Newer);
+        assert_eq!(
+            v.status.code(),
+            Some(if newer { 1 } else { 0 }),
+            "verify after gc: {}",
+            describe(&v)
+        );
+    }
+    eprintln!(
+        "FIGURE damage: {RECORD_VARIANTS} damaged records tried ({counts:?}), {:.1}s",
+        start.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn damaged_snapshots_are_detected_quarantined_and_never_executed() {
+    require_root();
+    let live_ns = Netns::with_prefix("cld");
+    let mut rng = Prng::new(0x5a4a_5407);
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    let start = std::time::Instant::now();
+    for batch in 0..SNAPSHOT_VARIANTS / BATCH {
+        let w = World::new("dmgs", NET, "0");
+        install_counter(
+            &w.bin_dir,
+            "counter-b",
+            "b",
+            &w.counter_log,
+            &w.fail_dir,
+            &w.lock_dir,
+            "0",
+        );
+        let mut gone = Netns::with_prefix("cld");
+        let a = [json!({"type": "counter"})];
+        w.write_conflist(1, &a);
+        w.add("live-0", &live_ns.path_str(), &[]);
+        // snapshot file name -> (cid, damaged bytes, description)
+        let mut variants: BTreeMap<String, (String, Vec<u8>, String)> = BTreeMap::new();
+        for j in 0..BATCH {
+            let i = batch * BATCH + j;
+            let cid = format!("s-{i}");
+            w.write_conflist(100 + i as u32, &a);
+            w.add(&cid, &gone.path_str(), &[]);
+            let name = format!("{}.json", sha256_of(&w.conflist_bytes()));
+            let path = w.snapshots_dir().join(&name);
+            let orig = std::fs::read(&path).unwrap();
+            assert_eq!(
+                orig,
+                w.conflist_bytes(),
+                "snapshot is not the conflist's bytes"
+            );
+            let (bytes, how, kind) = damage(&mut rng, i, &orig, false);
+            std::fs::write(&path, &bytes).unwrap();
+            *counts.entry(kind).or_default() += 1;
+            variants.insert(name, (cid, bytes, how));
+        }
+        gone.delete();
+        // Today's conflist has another plugin: what gc falls back to.
+        w.write_conflist(2, &[json!({"type": "counter-b"})]);
+
+        let v = w.verify();
+        let vout = text(&v.stdout);
+        assert_eq!(v.status.code(), Some(1), "verify: {}", describe(&v));
+        for (name, (cid, _, how)) in &variants {
+            assert!(
+                verify_names(&vout, &w.snapshots_dir().join(name)),
+                "snapshot of {cid} ({how}) not named by verify:\n{vout}"
+            );
+        }
+
+        let (g, rep) = w.gc(&[], &[]);
+        assert_eq!(g.status.code(), Some(0), "gc: {}", describe(&g));
+        let rep = rep.unwrap();
+        let log = text(&g.stderr);
+        for r in rep["records"].as_array().unwrap() {
+            assert_eq!(r["action"], "replayed", "{r}");
+            assert_eq!(r["configSource"], "conflist", "{r}");
+            let types: Vec<&str> = r["plugins"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p["type"].as_str().unwrap())
+                .collect();
+            assert_eq!(types, ["counter-b"], "{r}");
+        }
+        for (name, (cid, bytes, how)) in &variants {
+            let hash = name.trim_end_matches(".json");
+            assert!(
+                log.contains(&format!("snapshot {hash} is damaged")),
+                "gc did not report the damaged snapshot of {cid} ({how}):\n{log}"
+            );
+            assert!(
+                quarantined_copy(&w, name, bytes).is_some(),
+                "damaged snapshot of {cid} ({how}) is not in quarantine with its bytes"
+            );
+            assert!(!w.snapshots_dir().join(name).exists());
+        }
+        let lines = w.log_lines();
+        for l in &lines {
+            assert_eq!(
+                l.tag, "b",
+                "a plugin of a damaged snapshot was executed: {l:?}"
+            );
+            assert_ne!(l.cid, "live-0");
+        }
+        assert_eq!(lines.len(), BATCH, "{lines:?}");
+        assert_eq!(w.verify().status.code(), Some(0));
+        assert_eq!(w.records().len(), 1);
+    }
+    eprintln!(
+        "FIGURE damage: {SNAPSHOT_VARIANTS} damaged snapshots tried ({counts:?}), {:.1}s",
+        start.elapsed().as_secs_f64()
+    );
+}
+
+/// A plugin-face DEL of a damaged record drops nothing unseen: it quarantines the file.
+#[test]
+fn del_of_a_damaged_record_quarantines_it() {
+    require_root();
+    let w = World::new("dmgd", NET, "0");
+    let ns = Netns::with_prefix("cld");
+    let mut rng = Prng::new(7);
+    for i in 0..10 {
+        let cid = format!("d-{i}");
+        w.add(&cid, &ns.path_str(), &[]);
+        let path = w.record_path(&cid);
+        let orig = std::fs::read(&path).unwrap();
+        let (bytes, how, _) = damage(&mut rng, i, &orig, true);
+        std::fs::write(&path, &bytes).unwrap();
+        let class = classify(&orig, &bytes);
+        w.del(&cid);
+        assert!(!path.exists(), "{cid} ({how})");
+        if class == Class::Damaged {
+            assert!(
+                quarantined_copy(&w, &w.record_name(&cid), &bytes).is_some(),
+                "{cid} ({how}): DEL dropped a damaged record without quarantine"
+            );
+        }
+    }
+    assert!(w.log_lines().is_empty());
+}
