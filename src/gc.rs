@@ -248,19 +248,17 @@ pub fn run(opts: &Options) -> Result<Report> {
 
     let next = AtomicUsize::new(0);
     let results = Mutex::new(Vec::with_capacity(candidates.len()));
-    std::thread::scope(|s| {
-        for _ in 0..opts.jobs.clamp(1, 64).min(candidates.len().max(1)) {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some((rec, reason)) = candidates.get(i) else {
-                    break;
-                };
-                let r = handle(&ledger, rec, *reason, &boot, now, opts);
-                results
-                    .lock()
-                    .expect("no panics hold this lock")
-                    .push((i, r));
-            });
+    crate::workers::run(opts.jobs.clamp(1, 64).min(candidates.len().max(1)), || {
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some((rec, reason)) = candidates.get(i) else {
+                break;
+            };
+            let r = handle(&ledger, rec, *reason, &boot, now, opts);
+            results
+                .lock()
+                .expect("no panics hold this lock")
+                .push((i, r));
         }
     });
     let mut results = results.into_inner().expect("no panics hold this lock");

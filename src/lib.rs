@@ -13,3 +13,4 @@ pub mod record_cache;
 pub mod replay;
 pub mod sandbox;
 pub mod time;
+pub mod workers;

@@ -2,6 +2,7 @@
 //! plugin mode carries only CNI JSON.
 
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::{Mutex, OnceLock};
 
@@ -14,6 +15,7 @@ pub fn init(file: Option<&Path>) {
         Some(path) => match std::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(0o600)
             .open(path)
         {
             Ok(f) => Box::new(f),

@@ -14,7 +14,7 @@ fn main() {
             .or_else(|| panic.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "panic".into());
         let err = CniError::new(INTERNAL, "cni-ledger panicked", msg);
-        println!("{}", err.to_json(cni_ledger::cni::version::LATEST));
+        println!("{}", err.to_json(cni_ledger::plugin::error_version()));
         1
     });
     std::process::exit(code);

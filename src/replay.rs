@@ -126,14 +126,21 @@ pub fn find_plugin(plugin_type: &str, dirs: &[PathBuf]) -> Result<PathBuf, (Stri
 
 const MAX_OUTPUT: u64 = 1 << 20;
 
-fn drain(mut r: impl Read + Send + 'static) -> mpsc::Receiver<Vec<u8>> {
+fn drain(mut r: impl Read + Send + 'static) -> std::io::Result<mpsc::Receiver<Vec<u8>>> {
     let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
+    std::thread::Builder::new().spawn(move || {
         let mut buf = Vec::new();
         let _ = (&mut r).take(MAX_OUTPUT).read_to_end(&mut buf);
         let _ = tx.send(buf);
-    });
-    rx
+    })?;
+    Ok(rx)
+}
+
+fn kill_group(pid: i32) {
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
 }
 
 fn invoke_del(bin: &Path, config: &Value, inv: &Invocation) -> Result<(), (String, Option<i32>)> {
@@ -162,24 +169,34 @@ fn invoke_del(bin: &Path, config: &Value, inv: &Invocation) -> Result<(), (Strin
     let pid = child.id() as i32;
     let stdin = serde_json::to_vec(config).unwrap_or_default();
     let mut pipe = child.stdin.take().expect("stdin is piped");
-    let writer = std::thread::spawn(move || {
-        use std::io::Write;
-        let _ = pipe.write_all(&stdin);
-    });
-    let out = drain(child.stdout.take().expect("stdout is piped"));
-    let err = drain(child.stderr.take().expect("stderr is piped"));
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let stderr = child.stderr.take().expect("stderr is piped");
     let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait());
-    });
+    // Threads: stdin writer, two readers, and a waiter, so the timeout needs no polling.
+    let started = (|| {
+        let writer = std::thread::Builder::new().spawn(move || {
+            use std::io::Write;
+            let _ = pipe.write_all(&stdin);
+        })?;
+        let out = drain(stdout)?;
+        let err = drain(stderr)?;
+        std::thread::Builder::new().spawn(move || {
+            let _ = tx.send(child.wait());
+        })?;
+        Ok::<_, std::io::Error>((writer, out, err))
+    })();
+    let (writer, out, err) = match started {
+        Ok(t) => t,
+        Err(e) => {
+            kill_group(pid);
+            return Err((format!("cannot start a thread to run it: {e}"), None));
+        }
+    };
     let status = match rx.recv_timeout(inv.timeout) {
         Ok(Ok(status)) => status,
         Ok(Err(e)) => return Err((format!("waiting for {}: {e}", bin.display()), None)),
         Err(_) => {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+            kill_group(pid);
             let _ = rx.recv();
             return Err((
                 format!("timed out after {}s and was killed", inv.timeout.as_secs()),

@@ -70,7 +70,12 @@ impl Ledger {
             return Ok(ledger);
         }
         if let Some(parent) = root.parent() {
-            std::fs::create_dir_all(parent)
+            // Explicit mode: under a umask of 000 these would be world-writable, and
+            // anyone could then rename the ledger away.
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(parent)
                 .with_context(|| format!("creating {}", parent.display()))?;
         }
         if mkdir_private(root).with_context(|| format!("creating {}", root.display()))? {
@@ -183,34 +188,24 @@ impl Ledger {
         };
         let rd = std::sync::Mutex::new(rd);
         let failure = std::sync::Mutex::new(None);
-        let accs = std::thread::scope(|s| {
-            let workers: Vec<_> = (0..jobs.max(1))
-                .map(|_| {
-                    s.spawn(|| {
-                        let mut acc = init();
-                        loop {
-                            let next = rd.lock().expect("no panics hold this lock").next();
-                            match next {
-                                None => break,
-                                Some(Err(e)) => {
-                                    *failure.lock().expect("no panics hold this lock") = Some(e);
-                                    break;
-                                }
-                                Some(Ok(item)) => {
-                                    if let Some(entry) = self.entry(&item) {
-                                        visit(&mut acc, entry);
-                                    }
-                                }
-                            }
+        let accs = crate::workers::run(jobs, || {
+            let mut acc = init();
+            loop {
+                let next = rd.lock().expect("no panics hold this lock").next();
+                match next {
+                    None => break,
+                    Some(Err(e)) => {
+                        *failure.lock().expect("no panics hold this lock") = Some(e);
+                        break;
+                    }
+                    Some(Ok(item)) => {
+                        if let Some(entry) = self.entry(&item) {
+                            visit(&mut acc, entry);
                         }
-                        acc
-                    })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .map(|w| w.join().expect("scan worker panicked"))
-                .collect::<Vec<_>>()
+                    }
+                }
+            }
+            acc
         });
         if let Some(e) = failure.into_inner().expect("no panics hold this lock") {
             return Err(e).with_context(|| format!("listing {}", self.records_dir().display()));
@@ -283,8 +278,17 @@ impl Ledger {
     /// copy is reused; a damaged one is replaced.
     pub fn put_snapshot(&self, bytes: &[u8]) -> Result<String> {
         let hash = record::sha256_hex(bytes);
-        if let Ok(Some(Ok(_))) = self.get_snapshot(&hash) {
-            return Ok(hash);
+        match self.get_snapshot(&hash) {
+            Ok(Some(Ok(_))) => return Ok(hash),
+            // Rebuildable from its name, but damage is reported, never silently overwritten.
+            Ok(Some(Err(reason))) => match self.quarantine(&self.snapshot_path(&hash)) {
+                Ok(to) => crate::warn!(
+                    "snapshot {hash} was damaged ({reason}); quarantined to {} and rewritten",
+                    to.display()
+                ),
+                Err(e) => crate::warn!("snapshot {hash} is damaged ({reason}): {e:#}"),
+            },
+            _ => {}
         }
         fsio::write_atomic(
             &self.snapshots_dir(),
@@ -464,9 +468,11 @@ mod tests {
             l.get_snapshot(&h).unwrap(),
             Some(Err("checksum-mismatch"))
         ));
-        // A damaged copy is replaced by the next writer.
+        // A damaged copy is quarantined, then replaced by the next writer.
         l.put_snapshot(b"{\"name\":\"n\"}").unwrap();
         assert!(matches!(l.get_snapshot(&h).unwrap(), Some(Ok(_))));
+        let quarantined: Vec<_> = std::fs::read_dir(l.quarantine_dir()).unwrap().collect();
+        assert_eq!(quarantined.len(), 1);
         let mut r = record::sample();
         r.snapshot = Some(h.clone());
         l.write(&r).unwrap();

@@ -13,6 +13,14 @@ use crate::cni::version;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 
+/// The version errors are reported in: the request's, once it is known to be supported.
+static ERROR_VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// For a panic caught in main: the version of the request being answered.
+pub fn error_version() -> &'static str {
+    ERROR_VERSION.get().map_or(version::LATEST, String::as_str)
+}
+
 /// Runs the plugin; returns the process exit status.
 pub fn main() -> i32 {
     let mut cni_version = version::LATEST.to_string();
@@ -82,6 +90,7 @@ fn run(cni_version: &mut String) -> Result<Option<Value>, CniError> {
         ));
     }
     *cni_version = conf.cni_version.clone();
+    let _ = ERROR_VERSION.set(conf.cni_version.clone());
     let min = match cmd {
         Command::Check => Some("0.4.0"),
         Command::Status | Command::Gc => Some("1.1.0"),
