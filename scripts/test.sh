@@ -54,4 +54,12 @@ cargo clippy --locked --all-targets --features testing -- -D warnings
 say "cargo test --locked --features testing"
 cargo test --locked --features testing
 
+# Bounded fuzzing of the plugin's stdin, the record decoder and the conflist parser
+# (cargo-fuzz on stable via RUSTC_BOOTSTRAP; installs cargo-fuzz on first use).
+# FUZZ_SECONDS=0 skips it.
+if [ "${FUZZ_SECONDS:-10}" != 0 ]; then
+	say "fuzzing, ${FUZZ_SECONDS:-10}s per target"
+	FUZZ_SECONDS=${FUZZ_SECONDS:-10} bash scripts/fuzz.sh
+fi
+
 say "all checks passed"
