@@ -235,10 +235,19 @@ impl Ledger {
                 decoded: Decoded::Damaged("foreign-file", "not a record file name".into()),
             });
         };
-        let decoded = match self.read(stem) {
-            Ok(Some(d)) => d,
-            Ok(None) => return None, // removed since listed
-            Err(e) => Decoded::Damaged("unreadable", format!("{e:#}")),
+        let decoded = match item.file_type() {
+            Ok(t) if t.is_symlink() => {
+                Decoded::Damaged("symlink", "a symlink stands in place of a record".into())
+            }
+            Ok(t) if !t.is_file() => Decoded::Damaged("not-a-file", "not a regular file".into()),
+            _ => match fsio::read_listed_file(&path, MAX_RECORD) {
+                Ok(bytes) => check_name(stem, record::decode(&bytes)),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return None, // removed since listed
+                Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
+                    Decoded::Damaged("symlink", "a symlink stands in place of a record".into())
+                }
+                Err(e) => Decoded::Damaged("unreadable", format!("{}: {e}", path.display())),
+            },
         };
         Some(Entry {
             stem: stem.to_string(),
