@@ -244,6 +244,12 @@ pub fn run(opts: &Options) -> Result<Report> {
         ));
     }
     report.summary.damaged = report.damaged.len();
+    if !opts.dry_run {
+        let n = ledger.remove_orphan_temps();
+        if n > 0 {
+            crate::info!("gc: removed {n} temporary file(s) left by interrupted writes");
+        }
+    }
     report.summary.stale = candidates.len();
 
     let next = AtomicUsize::new(0);

@@ -129,6 +129,19 @@ mod tests {
     }
 
     #[test]
+    fn temp_names_carry_the_writer_pid() {
+        // Ledger::remove_orphan_temps parses this shape.
+        let dir = std::env::temp_dir().join(format!("cl-fsio-t-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        write_atomic(&dir, "x", b"1", "record").unwrap();
+        let name = format!("{TMP_PREFIX}x.{}.0", std::process::id());
+        std::fs::write(dir.join(&name), b"").unwrap();
+        let pid = name.strip_prefix(TMP_PREFIX).unwrap().rsplit('.').nth(1);
+        assert_eq!(pid, Some(std::process::id().to_string().as_str()));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn read_refuses_symlinks() {
         let dir = std::env::temp_dir().join(format!("cl-fsio-l-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

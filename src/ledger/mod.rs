@@ -374,6 +374,33 @@ impl Ledger {
         Ok(removed)
     }
 
+    /// Removes temporary files left by writers that died mid-write (crash, kill). The
+    /// writer's pid is in the name; a file of a live process is a write in progress.
+    pub fn remove_orphan_temps(&self) -> usize {
+        let mut removed = 0;
+        for dir in [self.records_dir(), self.snapshots_dir()] {
+            let Ok(rd) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for item in rd.flatten() {
+                let name = item.file_name().to_string_lossy().into_owned();
+                let Some(rest) = name.strip_prefix(fsio::TMP_PREFIX) else {
+                    continue;
+                };
+                // .tmp.<name>.<pid>.<seq>
+                let pid = rest.rsplit('.').nth(1).and_then(|p| p.parse::<u32>().ok());
+                let Some(pid) = pid else { continue };
+                if Path::new(&format!("/proc/{pid}")).exists() {
+                    continue;
+                }
+                if fsio::remove_durable(&dir, &name).unwrap_or(false) {
+                    removed += 1;
+                }
+            }
+        }
+        removed
+    }
+
     /// gc executes binaries as root on the ledger's word, so the ledger must be root's
     /// alone: owned by root and writable by no one else, at every level.
     pub fn check_trusted(&self) -> Result<()> {
@@ -486,6 +513,16 @@ mod tests {
         r.snapshot = Some(h.clone());
         l.write(&r).unwrap();
         let unused = l.put_snapshot(b"{}").unwrap();
+        // A dead writer's temp file goes; one of a live process stays.
+        let dead = l.records_dir().join(".tmp.a:b:c.json.999999999.0");
+        let alive = l
+            .records_dir()
+            .join(format!(".tmp.a:b:c.json.{}.0", std::process::id()));
+        std::fs::write(&dead, b"").unwrap();
+        std::fs::write(&alive, b"").unwrap();
+        assert_eq!(l.remove_orphan_temps(), 1);
+        assert!(!dead.exists() && alive.exists());
+        std::fs::remove_file(&alive).unwrap();
         assert_eq!(l.sweep_snapshots().unwrap(), 1);
         assert!(l.get_snapshot(&unused).unwrap().is_none());
         assert!(l.get_snapshot(&h).unwrap().is_some());
