@@ -73,27 +73,32 @@ pub fn age(secs: i64) -> String {
     }
 }
 
-/// Prints rows as columns padded to the widest cell.
+/// Prints rows as columns padded to the widest cell, through one buffer: stdout is
+/// line-buffered, and a 100,000-row table must not cost 100,000 writes.
 pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    use std::io::Write;
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
     }
-    let line = |cells: Vec<&str>| {
-        let mut s = String::new();
-        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
-            if i + 1 == cells.len() {
-                s.push_str(cell);
-            } else {
-                s.push_str(&format!("{cell:<w$}  "));
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut line = String::new();
+    let mut emit = |row: &[&str]| {
+        line.clear();
+        for (i, (cell, w)) in row.iter().zip(&widths).enumerate() {
+            line.push_str(cell);
+            if i + 1 < row.len() {
+                let pad = w.saturating_sub(cell.chars().count()) + 2;
+                line.extend(std::iter::repeat_n(' ', pad));
             }
         }
-        println!("{}", s.trim_end());
+        let _ = writeln!(out, "{}", line.trim_end());
     };
-    line(header.to_vec());
+    emit(header);
     for row in rows {
-        line(row.iter().map(String::as_str).collect());
+        emit(&row.iter().map(String::as_str).collect::<Vec<_>>());
     }
+    let _ = out.flush();
 }
