@@ -295,9 +295,15 @@ impl TestHost {
     }
 
     /// `iptables-save` inside the host namespace.
+    /// `iptables-save -t nat` without its `# Generated/Completed on <time>` comments, so
+    /// two dumps of the same ruleset compare equal.
     pub fn iptables_save(&self) -> String {
         let out = run_ok(self.cmd("iptables-save").arg("-t").arg("nat"));
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| format!("{l}\n"))
+            .collect()
     }
 
     /// `iptables-save` of every table inside the host namespace.
