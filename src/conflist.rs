@@ -37,8 +37,9 @@ pub fn parse(bytes: &[u8]) -> Option<Value> {
 
 /// The conflist named `name` in `dir`, if any. Unreadable or foreign files are skipped.
 pub fn find(dir: &Path, name: &str) -> Result<Option<Found>> {
-    let mut files = files_with(dir, &["conflist"])?;
-    files.extend(files_with(dir, &["conf", "json"])?);
+    // One listing, .conflist files first (libcni's order), each group sorted by name.
+    let mut files = files_with(dir, &["conflist", "conf", "json"])?;
+    files.sort_by_key(|p| p.extension().is_none_or(|e| e != "conflist"));
     for path in files {
         let Ok(bytes) = std::fs::read(&path) else {
             continue;

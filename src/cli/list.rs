@@ -121,12 +121,16 @@ struct JsonArray {
 }
 
 impl JsonArray {
-    fn push(&mut self, v: &impl Serialize) -> std::io::Result<()> {
+    /// Takes an element already serialised, so workers format outside the lock.
+    fn push_raw(&mut self, element: &[u8]) -> std::io::Result<()> {
         self.out
             .write_all(if self.first { b"[\n" } else { b",\n" })?;
         self.first = false;
-        serde_json::to_writer_pretty(&mut self.out, v)?;
-        Ok(())
+        self.out.write_all(element)
+    }
+
+    fn push(&mut self, v: &impl Serialize) -> std::io::Result<()> {
+        self.push_raw(&serde_json::to_vec_pretty(v)?)
     }
 
     fn finish(mut self) -> std::io::Result<()> {
@@ -181,7 +185,14 @@ pub fn run(args: Args) -> Result<i32> {
             Decoded::Ok(rec) => {
                 let r = row(&rec, &boot, &e.path);
                 if args.json {
-                    if let Err(err) = json.lock().expect("no panics hold this lock").push(&r) {
+                    let pushed = serde_json::to_vec_pretty(&r)
+                        .map_err(std::io::Error::from)
+                        .and_then(|bytes| {
+                            json.lock()
+                                .expect("no panics hold this lock")
+                                .push_raw(&bytes)
+                        });
+                    if let Err(err) = pushed {
                         acc.error.get_or_insert(err);
                     }
                 } else {
