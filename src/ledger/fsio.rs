@@ -97,14 +97,23 @@ pub fn read_nofollow(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
 }
 
 /// For scans, where the directory entry already said "regular file" (d_type, no
-/// syscall): open, read to the end, close. `O_NOFOLLOW` still refuses a symlink swapped
-/// in since, and `O_NONBLOCK` keeps a FIFO from hanging the scan.
-pub fn read_listed_file(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
+/// syscall): open relative to the already open directory (no path walk per file), read
+/// to the end, close. `O_NOFOLLOW` still refuses a symlink swapped in since, and
+/// `O_NONBLOCK` keeps a FIFO from hanging the scan.
+pub fn read_listed_file(dir: &File, name: &std::ffi::OsStr, limit: u64) -> io::Result<Vec<u8>> {
+    use nix::fcntl::OFlag;
     use std::io::Read;
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC | nix::libc::O_NONBLOCK)
-        .open(path)?;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let fd = nix::fcntl::openat(
+        Some(dir.as_raw_fd()),
+        name,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(io::Error::from)?;
+    // SAFETY: `fd` was just returned by a successful openat and is owned by nothing
+    // else; the File takes sole ownership and closes it once.
+    let f = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
     let mut buf = Vec::with_capacity(8192);
     f.take(limit).read_to_end(&mut buf)?;
     Ok(buf)

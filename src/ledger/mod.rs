@@ -162,12 +162,12 @@ impl Ledger {
     /// Visits every record file; O(n), one file in memory at a time. Temporary files
     /// of writes in progress (or cut off by a crash) are not records and are skipped.
     pub fn for_each(&self, mut visit: impl FnMut(Entry)) -> Result<()> {
-        let Some(rd) = self.list_records()? else {
+        let Some((dir, rd)) = self.list_records()? else {
             return Ok(());
         };
         for item in rd {
             let item = item.with_context(|| format!("listing {}", self.records_dir().display()))?;
-            if let Some(entry) = self.entry(&item) {
+            if let Some(entry) = self.entry(&dir, &item) {
                 visit(entry);
             }
         }
@@ -183,7 +183,7 @@ impl Ledger {
         init: impl Fn() -> T + Sync,
         visit: impl Fn(&mut T, Entry) + Sync,
     ) -> Result<Vec<T>> {
-        let Some(rd) = self.list_records()? else {
+        let Some((dir, rd)) = self.list_records()? else {
             return Ok(vec![init()]);
         };
         let rd = std::sync::Mutex::new(rd);
@@ -199,7 +199,7 @@ impl Ledger {
                         break;
                     }
                     Some(Ok(item)) => {
-                        if let Some(entry) = self.entry(&item) {
+                        if let Some(entry) = self.entry(&dir, &item) {
                             visit(&mut acc, entry);
                         }
                     }
@@ -213,16 +213,18 @@ impl Ledger {
         Ok(accs)
     }
 
-    fn list_records(&self) -> Result<Option<std::fs::ReadDir>> {
+    /// The records directory, open (for openat) and being listed.
+    fn list_records(&self) -> Result<Option<(std::fs::File, std::fs::ReadDir)>> {
         let dir = self.records_dir();
-        match std::fs::read_dir(&dir) {
-            Ok(rd) => Ok(Some(rd)),
+        let listed = std::fs::File::open(&dir).and_then(|f| Ok((f, std::fs::read_dir(&dir)?)));
+        match listed {
+            Ok(both) => Ok(Some(both)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e).with_context(|| format!("listing {}", dir.display())),
         }
     }
 
-    fn entry(&self, item: &std::fs::DirEntry) -> Option<Entry> {
+    fn entry(&self, dir: &std::fs::File, item: &std::fs::DirEntry) -> Option<Entry> {
         let name = item.file_name().to_string_lossy().into_owned();
         if name.starts_with(fsio::TMP_PREFIX) {
             return None;
@@ -240,7 +242,7 @@ impl Ledger {
                 Decoded::Damaged("symlink", "a symlink stands in place of a record".into())
             }
             Ok(t) if !t.is_file() => Decoded::Damaged("not-a-file", "not a regular file".into()),
-            _ => match fsio::read_listed_file(&path, MAX_RECORD) {
+            _ => match fsio::read_listed_file(dir, &item.file_name(), MAX_RECORD) {
                 Ok(bytes) => check_name(stem, record::decode(&bytes)),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => return None, // removed since listed
                 Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
