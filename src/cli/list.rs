@@ -229,7 +229,7 @@ pub fn run(args: Args) -> Result<i32> {
         json.finish()?;
         return Ok(0);
     }
-    cells.sort();
+    cells.sort_unstable();
     cells.extend(others.iter().map(other_cells));
     super::print_table(
         &[

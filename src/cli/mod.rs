@@ -73,6 +73,14 @@ pub fn age(secs: i64) -> String {
     }
 }
 
+fn display_width(s: &str) -> usize {
+    if s.is_ascii() {
+        s.len()
+    } else {
+        s.chars().count()
+    }
+}
+
 /// Prints rows as columns padded to the widest cell, through one buffer: stdout is
 /// line-buffered, and a 100,000-row table must not cost 100,000 writes.
 pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
@@ -80,7 +88,7 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
+            *w = (*w).max(display_width(cell));
         }
     }
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
@@ -90,7 +98,7 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
         for (i, (cell, w)) in row.iter().zip(&widths).enumerate() {
             line.push_str(cell);
             if i + 1 < row.len() {
-                let pad = w.saturating_sub(cell.chars().count()) + 2;
+                let pad = w.saturating_sub(display_width(cell)) + 2;
                 line.extend(std::iter::repeat_n(' ', pad));
             }
         }
