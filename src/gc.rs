@@ -6,7 +6,7 @@
 //! the attempt with its backoff.
 
 use crate::conflist;
-use crate::ledger::{Decoded, Ledger, Record, Wait};
+use crate::ledger::{Decoded, Ledger, Quarantine, Record, Wait};
 use crate::record_cache::CachedAttachment;
 use crate::replay::{self, Invocation, PluginOutcome};
 use crate::sandbox::{self, Reason};
@@ -117,6 +117,23 @@ impl Report {
             0
         }
     }
+}
+
+/// One entry of a runtime's valid list (`cni.dev/valid-attachments`, `--valid-attachments`).
+#[derive(serde::Deserialize)]
+struct ValidAttachment {
+    #[serde(rename = "containerID")]
+    container_id: String,
+    ifname: String,
+}
+
+/// Parses `[{"containerID","ifname"}, ...]` into the set `Options::valid` holds.
+pub fn valid_set(list: Value) -> serde_json::Result<HashSet<(String, String)>> {
+    let list: Vec<ValidAttachment> = serde_json::from_value(list)?;
+    Ok(list
+        .into_iter()
+        .map(|a| (a.container_id, a.ifname))
+        .collect())
 }
 
 /// What to do with a stale record right now.
@@ -322,19 +339,14 @@ fn quarantine_damaged(
         );
         return out;
     }
-    // Under the key's lock and after a re-read: a concurrent ADD may just have replaced it.
-    match ledger.lock(stem, Wait::No) {
-        Ok(Some(_lock)) => match ledger.read(stem) {
-            Ok(Some(Decoded::Damaged(..))) | Err(_) => match ledger.quarantine(&path) {
-                Ok(to) => out.quarantined_to = Some(to.display().to_string()),
-                Err(e) => crate::error!("gc: cannot quarantine {}: {e:#}", out.file),
-            },
-            _ => return_replaced(&mut out),
-        },
-        _ => crate::warn!(
+    match ledger.quarantine_if_still_damaged(stem, &path) {
+        Ok(Quarantine::Moved(to)) => out.quarantined_to = Some(to.display().to_string()),
+        Ok(Quarantine::Replaced) => out.reason.push_str(" (since replaced by a good record)"),
+        Ok(Quarantine::Busy) => crate::warn!(
             "gc: damaged record {} is locked; quarantine next run",
             out.file
         ),
+        Err(e) => crate::error!("gc: cannot quarantine {}: {e:#}", out.file),
     }
     if let Some(to) = &out.quarantined_to {
         crate::warn!(
@@ -343,10 +355,6 @@ fn quarantine_damaged(
         );
     }
     out
-}
-
-fn return_replaced(out: &mut DamagedReport) {
-    out.reason.push_str(" (since replaced by a good record)");
 }
 
 fn report_for(rec: &Record, reason: Reason, action: &'static str) -> RecordReport {

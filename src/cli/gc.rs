@@ -55,25 +55,17 @@ pub struct Args {
     log_file: Option<PathBuf>,
 }
 
-#[derive(serde::Deserialize)]
-struct Attachment {
-    #[serde(rename = "containerID")]
-    container_id: String,
-    ifname: String,
-}
-
 fn read_valid(path: &PathBuf) -> Result<HashSet<(String, String)>> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let list: Vec<Attachment> = serde_json::from_slice(&bytes).with_context(|| {
-        format!(
-            "{}: expected [{{\"containerID\",\"ifname\"}}]",
-            path.display()
-        )
-    })?;
-    Ok(list
-        .into_iter()
-        .map(|a| (a.container_id, a.ifname))
-        .collect())
+    let list = serde_json::from_slice(&bytes)
+        .and_then(gc::valid_set)
+        .with_context(|| {
+            format!(
+                "{}: expected [{{\"containerID\",\"ifname\"}}]",
+                path.display()
+            )
+        })?;
+    Ok(list)
 }
 
 pub fn run(args: Args) -> Result<i32> {

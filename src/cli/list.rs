@@ -4,7 +4,7 @@
 //! `--json` streams one object per record as the scan finds it, so memory does not grow
 //! with the ledger; the table is sorted and so holds its (short) cells.
 
-use crate::ledger::{Decoded, Ledger, Record, Wait};
+use crate::ledger::{Decoded, Ledger, Quarantine, Record};
 use crate::sandbox;
 use anyhow::Result;
 use serde::Serialize;
@@ -87,14 +87,9 @@ fn other_cells(row: &OtherRow) -> Vec<String> {
     ]
 }
 
-/// Quarantines under the key's lock, and only if still damaged: a writer may just have
-/// replaced the file with a good record.
 fn damaged_row(ledger: &Ledger, stem: &str, path: &Path, reason: &str, detail: &str) -> OtherRow {
-    let quarantined = match ledger.lock(stem, Wait::No) {
-        Ok(Some(_lock)) => match ledger.read(stem) {
-            Ok(Some(Decoded::Ok(_))) | Ok(None) => None,
-            _ => ledger.quarantine(path).ok(),
-        },
+    let quarantined = match ledger.quarantine_if_still_damaged(stem, path) {
+        Ok(Quarantine::Moved(to)) => Some(to),
         _ => None,
     };
     crate::warn!(

@@ -41,6 +41,16 @@ pub struct Ledger {
     root: PathBuf,
 }
 
+/// What became of a damaged record handed to `quarantine_if_still_damaged`.
+#[derive(Debug)]
+pub enum Quarantine {
+    Moved(PathBuf),
+    /// Its key is locked by a writer or a replay; next time.
+    Busy,
+    /// Replaced (or removed) since the scan: nothing damaged is left.
+    Replaced,
+}
+
 /// One file found in `records/`.
 #[derive(Debug)]
 pub struct Entry {
@@ -283,6 +293,20 @@ impl Ledger {
             fsio::fsync_dir(parent)?;
         }
         Ok(target)
+    }
+
+    /// Quarantines a record found damaged by a scan, under the key's lock and only if it
+    /// is still damaged: a concurrent ADD may have just replaced it with a good record.
+    pub fn quarantine_if_still_damaged(&self, stem: &str, path: &Path) -> Result<Quarantine> {
+        let Some(_lock) = self.lock(stem, Wait::No)? else {
+            return Ok(Quarantine::Busy);
+        };
+        match self.read(stem) {
+            Ok(Some(Decoded::Damaged(..))) | Err(_) => {
+                Ok(Quarantine::Moved(self.quarantine(path)?))
+            }
+            _ => Ok(Quarantine::Replaced),
+        }
     }
 
     /// Stores a conflist snapshot (content-addressed) and returns its sha256. An intact

@@ -4,15 +4,6 @@
 use crate::cni::config::NetConf;
 use crate::cni::error::{self, CniError};
 use crate::gc;
-use serde::Deserialize;
-use std::collections::HashSet;
-
-#[derive(Deserialize)]
-struct Attachment {
-    #[serde(rename = "containerID")]
-    container_id: String,
-    ifname: String,
-}
 
 pub fn gc(conf: &NetConf) -> Result<(), CniError> {
     let list = conf
@@ -21,7 +12,7 @@ pub fn gc(conf: &NetConf) -> Result<(), CniError> {
         .or_else(|| conf.raw.get("cni.dev/attachments"))
         .cloned()
         .unwrap_or_else(|| serde_json::json!([]));
-    let attachments: Vec<Attachment> = serde_json::from_value(list).map_err(|e| {
+    let valid = gc::valid_set(list).map_err(|e| {
         CniError::new(
             error::INVALID_NETWORK_CONFIG,
             "invalid cni.dev/valid-attachments",
@@ -30,12 +21,7 @@ pub fn gc(conf: &NetConf) -> Result<(), CniError> {
     })?;
     let mut opts = gc::Options::new(conf.ledger_dir.clone());
     opts.network = Some(conf.name.clone());
-    opts.valid = Some(
-        attachments
-            .into_iter()
-            .map(|a| (a.container_id, a.ifname))
-            .collect::<HashSet<_>>(),
-    );
+    opts.valid = Some(valid);
     opts.conf_dir = conf.conf_dir.clone();
     opts.grace_secs = conf.gc_grace_secs as i64;
     let report = gc::run(&opts).map_err(|e| CniError::from_anyhow(error::IO_FAILURE, &e))?;
