@@ -9,7 +9,7 @@ use crate::conflist;
 use crate::ledger::{Decoded, Ledger, Quarantine, Record, Wait};
 use crate::record_cache::CachedAttachment;
 use crate::replay::{self, Invocation, PluginOutcome};
-use crate::sandbox::{self, Reason};
+use crate::sandbox::{self, Evidence, Liveness, Reason};
 use anyhow::{Context, Result};
 use serde::Serialize;
 use serde_json::Value;
@@ -81,7 +81,12 @@ pub struct RecordReport {
     pub container_id: String,
     pub ifname: String,
     pub reason: &'static str,
+    /// Which identity decided (`sandbox::Evidence`).
+    pub identity: &'static str,
     pub action: &'static str,
+    /// The CNI_NETNS a replay was given: the recorded path only when its cookie proved it
+    /// the recorded namespace, else none.
+    pub replay_netns: Option<String>,
     pub config_source: Option<&'static str>,
     pub plugins: Vec<PluginOutcome>,
     pub attempts: u32,
@@ -173,16 +178,23 @@ pub fn backoff_secs(attempts: u32) -> i64 {
     (BACKOFF_BASE_SECS << shift).min(BACKOFF_MAX_SECS)
 }
 
-/// Rules 1–4 of DESIGN §5 for one record; None is live.
-pub fn judge(rec: &Record, boot: &str, opts: &Options) -> Option<Reason> {
-    if let Some(reason) = sandbox::staleness(&rec.boot_id, &rec.netns, rec.netns_id, boot) {
-        return Some(reason);
+/// Rules 1–4 of "when is a sandbox gone" (docs/DESIGN.md) for one record. A record the
+/// valid list leaves out keeps `verified` from the namespace check: its replay may be
+/// given the namespace only when the cookie proved it is the recorded one.
+pub fn judge(rec: &Record, boot: &str, opts: &Options) -> Liveness {
+    let l = sandbox::liveness(&rec.boot_id, &rec.netns, rec.netns_id, boot);
+    if l.reason.is_some() {
+        return l;
     }
     match &opts.valid {
         Some(valid) if !valid.contains(&(rec.container_id.clone(), rec.ifname.clone())) => {
-            Some(Reason::NotValid)
+            Liveness {
+                reason: Some(Reason::NotValid),
+                evidence: Evidence::ValidList,
+                verified: l.verified,
+            }
         }
-        _ => None,
+        _ => l,
     }
 }
 
@@ -206,7 +218,7 @@ pub fn run(opts: &Options) -> Result<Report> {
     #[derive(Default)]
     struct Scan {
         live: usize,
-        candidates: Vec<(Box<Record>, Reason)>,
+        candidates: Vec<(Box<Record>, Reason, Evidence)>,
         newer: Vec<DamagedReport>,
         damaged: Vec<(String, PathBuf, &'static str, String)>,
     }
@@ -218,9 +230,10 @@ pub fn run(opts: &Options) -> Result<Report> {
                 if opts.network.as_ref().is_some_and(|n| *n != rec.network) {
                     return;
                 }
-                match judge(&rec, &boot, opts) {
+                let l = judge(&rec, &boot, opts);
+                match l.reason {
                     None => acc.live += 1,
-                    Some(reason) => acc.candidates.push((rec, reason)),
+                    Some(reason) => acc.candidates.push((rec, reason, l.evidence)),
                 }
             }
             Decoded::Newer(format) => acc.newer.push(DamagedReport {
@@ -242,7 +255,7 @@ pub fn run(opts: &Options) -> Result<Report> {
         damaged.extend(scan.damaged);
     }
     // Replay in a stable order: oldest attachments first, then by key.
-    candidates.sort_by(|(a, _), (b, _)| {
+    candidates.sort_by(|(a, ..), (b, ..)| {
         (&a.created_at, &a.network, &a.container_id, &a.ifname).cmp(&(
             &b.created_at,
             &b.network,
@@ -274,10 +287,10 @@ pub fn run(opts: &Options) -> Result<Report> {
     crate::workers::run(opts.jobs.clamp(1, 64).min(candidates.len().max(1)), || {
         loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
-            let Some((rec, reason)) = candidates.get(i) else {
+            let Some((rec, reason, evidence)) = candidates.get(i) else {
                 break;
             };
-            let r = handle(&ledger, rec, *reason, &boot, now, opts);
+            let r = handle(&ledger, rec, (*reason, *evidence), &boot, now, opts);
             results
                 .lock()
                 .expect("no panics hold this lock")
@@ -357,14 +370,19 @@ fn quarantine_damaged(
     out
 }
 
-fn report_for(rec: &Record, reason: Reason, action: &'static str) -> RecordReport {
+/// A stale record's reason and the identity that decided it.
+type Judged = (Reason, Evidence);
+
+fn report_for(rec: &Record, (reason, evidence): Judged, action: &'static str) -> RecordReport {
     let gc = rec.gc.clone().unwrap_or_default();
     RecordReport {
         network: rec.network.clone(),
         container_id: rec.container_id.clone(),
         ifname: rec.ifname.clone(),
         reason: reason.as_str(),
+        identity: evidence.as_str(),
         action,
+        replay_netns: None,
         config_source: None,
         plugins: Vec::new(),
         attempts: gc.attempts,
@@ -376,42 +394,55 @@ fn report_for(rec: &Record, reason: Reason, action: &'static str) -> RecordRepor
 fn handle(
     ledger: &Ledger,
     seen: &Record,
-    reason: Reason,
+    judged: Judged,
     boot: &str,
     now: i64,
     opts: &Options,
 ) -> RecordReport {
     let key = seen.key();
-    if let Decision::Skip(action) = decide(seen, reason, now, opts) {
-        crate::info!("gc: {key}: stale ({}), {action}", reason.as_str());
-        return report_for(seen, reason, action);
+    if let Decision::Skip(action) = decide(seen, judged.0, now, opts) {
+        crate::info!("gc: {key}: stale ({}), {action}", judged.0.as_str());
+        return report_for(seen, judged, action);
     }
     let stem = key.stem();
     let lock = match ledger.lock(&stem, Wait::No) {
         Ok(Some(lock)) => lock,
         Ok(None) => {
             crate::info!("gc: {key}: busy (an ADD, DEL or another gc holds it); next run");
-            return report_for(seen, reason, "busy");
+            return report_for(seen, judged, "busy");
         }
         Err(e) => {
             crate::error!("gc: {key}: {e:#}");
-            return report_for(seen, reason, "busy");
+            return report_for(seen, judged, "busy");
         }
     };
     // Judge again under the lock: what we scanned may have been replaced or removed.
     let rec = match ledger.read(&stem) {
         Ok(Some(Decoded::Ok(rec))) if rec.add_id == seen.add_id => rec,
-        Ok(None) => return report_for(seen, reason, "gone"),
+        Ok(None) => return report_for(seen, judged, "gone"),
         _ => {
             crate::info!("gc: {key}: changed since the scan; left for the next run");
-            return report_for(seen, reason, "changed");
+            return report_for(seen, judged, "changed");
         }
     };
-    let Some(reason) = judge(&rec, boot, opts) else {
+    let now_judged = judge(&rec, boot, opts);
+    let Some(reason) = now_judged.reason else {
         crate::info!("gc: {key}: live on re-check; not touched");
-        return report_for(&rec, reason, "live");
+        return report_for(&rec, judged, "live");
     };
-    crate::info!("gc: {key}: stale ({}), replaying DEL", reason.as_str());
+    let judged = (reason, now_judged.evidence);
+    // The namespace goes to the plugins only when its cookie, checked just now under the
+    // lock, proved it the recorded one; otherwise none, so no DEL can reach another pod.
+    let netns = now_judged.verified.then(|| rec.netns.clone());
+    crate::info!(
+        "gc: {key}: stale ({}, by {}), replaying DEL {}",
+        reason.as_str(),
+        judged.1.as_str(),
+        match &netns {
+            Some(p) => format!("in {p}"),
+            None => "without a namespace".into(),
+        }
+    );
 
     let cached = CachedAttachment::load(&opts.cache_dir, &key);
     let (config, source) = match resolve_config(ledger, &rec, cached.as_ref(), opts) {
@@ -423,7 +454,7 @@ fn handle(
                 error: Some(format!("{e:#}")),
                 exit_status: None,
             };
-            return record_failure(ledger, &rec, reason, None, vec![outcome], now, opts);
+            return record_failure(ledger, &rec, judged, None, vec![outcome], now, opts);
         }
     };
     let mut caps = rec.runtime_config.clone();
@@ -436,7 +467,6 @@ fn handle(
         Some(p) => p.clone(),
         None => std::env::split_paths(&rec.cni_path).collect(),
     };
-    let netns = sandbox::replay_netns(&rec.boot_id, &rec.netns, rec.netns_id, boot);
     let inv = Invocation {
         network: &rec.network,
         container_id: &rec.container_id,
@@ -462,25 +492,28 @@ fn handle(
     if outcomes.iter().all(|o| o.ok) {
         if let Err(e) = ledger.remove(&stem) {
             crate::error!("gc: {key}: replayed but cannot remove the record: {e:#}");
-            return record_failure(ledger, &rec, reason, Some(source), outcomes, now, opts);
+            return record_failure(ledger, &rec, judged, Some(source), outcomes, now, opts);
         }
         lock.release_and_remove();
         if let Some(c) = &cached {
             c.remove();
         }
         crate::info!("gc: {key}: replayed, record removed");
-        let mut r = report_for(&rec, reason, "replayed");
+        let mut r = report_for(&rec, judged, "replayed");
         r.config_source = Some(source);
         r.plugins = outcomes;
+        r.replay_netns = netns;
         return r;
     }
-    record_failure(ledger, &rec, reason, Some(source), outcomes, now, opts)
+    let mut r = record_failure(ledger, &rec, judged, Some(source), outcomes, now, opts);
+    r.replay_netns = netns;
+    r
 }
 
 fn record_failure(
     ledger: &Ledger,
     rec: &Record,
-    reason: Reason,
+    judged: Judged,
     source: Option<&'static str>,
     outcomes: Vec<PluginOutcome>,
     now: i64,
@@ -519,7 +552,7 @@ fn record_failure(
             opts.max_attempts
         );
     }
-    let mut r = report_for(&updated, reason, action);
+    let mut r = report_for(&updated, judged, action);
     r.config_source = source;
     r.plugins = outcomes;
     r
@@ -660,10 +693,14 @@ mod tests {
         let mut live = rec.clone();
         live.netns = "/proc/self/ns/net".into();
         live.netns_id = None;
-        assert_eq!(judge(&live, &boot, &o), None);
+        assert_eq!(judge(&live, &boot, &o).reason, None);
         o.valid = Some(HashSet::from([("other".to_string(), "eth0".to_string())]));
-        assert_eq!(judge(&live, &boot, &o), Some(Reason::NotValid));
+        let l = judge(&live, &boot, &o);
+        assert_eq!(l.reason, Some(Reason::NotValid));
+        assert_eq!(l.evidence, Evidence::ValidList);
+        // Not verified (no identity recorded): its replay gets no namespace.
+        assert!(!l.verified);
         o.valid = Some(HashSet::from([("abc".to_string(), "eth0".to_string())]));
-        assert_eq!(judge(&live, &boot, &o), None);
+        assert_eq!(judge(&live, &boot, &o).reason, None);
     }
 }

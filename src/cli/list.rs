@@ -35,6 +35,10 @@ struct Row<'a> {
     snapshot: Option<&'a str>,
     state: &'static str,
     reason: Option<&'static str>,
+    /// Which identity decided `state` (see `sandbox::Evidence`).
+    identity: &'static str,
+    /// The namespace's cookie proved it the recorded one just now.
+    netns_verified: bool,
     attempts: u32,
     last_error: Option<&'a str>,
     next_attempt_at: Option<&'a str>,
@@ -136,7 +140,8 @@ impl JsonArray {
 }
 
 fn row<'a>(rec: &'a Record, boot: &str, path: &Path) -> Row<'a> {
-    let reason = sandbox::staleness(&rec.boot_id, &rec.netns, rec.netns_id, boot);
+    let l = sandbox::liveness(&rec.boot_id, &rec.netns, rec.netns_id, boot);
+    let reason = l.reason;
     let gc = rec.gc.as_ref();
     Row {
         network: &rec.network,
@@ -149,6 +154,8 @@ fn row<'a>(rec: &'a Record, boot: &str, path: &Path) -> Row<'a> {
         snapshot: rec.snapshot.as_deref(),
         state: if reason.is_some() { "stale" } else { "live" },
         reason: reason.map(|r| r.as_str()),
+        identity: l.evidence.as_str(),
+        netns_verified: l.verified,
         attempts: gc.map_or(0, |g| g.attempts),
         last_error: gc.and_then(|g| g.last_error.as_deref()),
         next_attempt_at: gc.and_then(|g| g.next_attempt_at.as_deref()),

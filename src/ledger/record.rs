@@ -157,6 +157,8 @@ pub(crate) fn sample() -> Record {
         netns_id: Some(NsId {
             dev: 4,
             ino: 4026532000,
+            cookie: Some(4096),
+            pid_start: None,
         }),
         boot_id: "b".into(),
         cni_args: "K8S_POD_NAME=p".into(),

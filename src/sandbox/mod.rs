@@ -1,0 +1,378 @@
+//! Is a sandbox still there? The boot ID and the identity of a network namespace.
+//!
+//! Every rule here errs towards *live*: only positive evidence that the namespace is
+//! gone (another boot, no file, something else at the path) makes a record stale. And a
+//! replayed DEL may be pointed at the namespace only when an identity the kernel never
+//! reuses within a boot says it is the recorded one (`Liveness::verified`).
+
+pub mod identity;
+
+use serde::{Deserialize, Serialize};
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+
+const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
+
+/// What names one network namespace during one boot. Device and inode are what the
+/// path showed at ADD; they are reused by later namespaces, so they can only ever prove
+/// that a namespace is *not* the recorded one. The cookie, and for `/proc/<pid>/` paths
+/// the process start time, are never reused within a boot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NsId {
+    pub dev: u64,
+    pub ino: u64,
+    /// The namespace cookie (NS_GET_ID ioctl, else SO_NETNS_COOKIE); absent where the
+    /// kernel offers neither, and in records written before cni-ledger read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cookie: Option<u64>,
+    /// Start time (clock ticks since boot) of the process a `/proc/<pid>/` path names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_start: Option<u64>,
+}
+
+pub fn boot_id() -> io::Result<String> {
+    if let Some(id) = crate::faults::boot_id_override() {
+        return Ok(id);
+    }
+    Ok(std::fs::read_to_string(BOOT_ID_PATH)?.trim().to_string())
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// A namespace file (nsfs) with this identity.
+    Namespace(NsId),
+    /// Nothing at the path.
+    Missing,
+    /// Something that is not a namespace (a leftover mount point file, say).
+    NotNamespace,
+    /// Could not tell (permission, I/O): treated as live.
+    Unknown(String),
+}
+
+/// Opens what a netns path names, for fstat and the cookie ioctl. Called only once the
+/// path's device and inode were seen to be the recorded nsfs file's (or nsfs was
+/// checked), so nothing else, such as a device node, is ever opened.
+fn open_ns(path: &str) -> io::Result<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_CLOEXEC | nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
+        .open(path)
+}
+
+fn is_nsfs(path: &str) -> Result<bool, nix::errno::Errno> {
+    nix::sys::statfs::statfs(Path::new(path))
+        .map(|fs| fs.filesystem_type() == nix::sys::statfs::NSFS_MAGIC)
+}
+
+/// Everything ADD records about the namespace at `path` now. The strong parts are best
+/// effort: what the kernel cannot give is left out, and the record is then judged on
+/// what it has (never passed its namespace on replay without a cookie).
+pub fn probe(path: &str) -> Probe {
+    if path.is_empty() {
+        return Probe::Missing;
+    }
+    match is_nsfs(path) {
+        Ok(true) => {}
+        Ok(false) => return Probe::NotNamespace,
+        Err(nix::errno::Errno::ENOENT) => return Probe::Missing,
+        Err(e) => return Probe::Unknown(e.to_string()),
+    }
+    let file = match open_ns(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Probe::Missing,
+        Err(e) => return Probe::Unknown(e.to_string()),
+    };
+    let meta = match file.metadata() {
+        Ok(m) => m,
+        Err(e) => return Probe::Unknown(e.to_string()),
+    };
+    let pid_start = identity::proc_task_dir(path).and_then(|d| identity::start_time(d).ok());
+    Probe::Namespace(NsId {
+        dev: meta.dev(),
+        ino: meta.ino(),
+        cookie: identity::netns_cookie(&file).ok(),
+        pid_start,
+    })
+}
+
+/// Why a record is stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    BootChanged,
+    NetnsMissing,
+    NetnsReplaced,
+    NetnsNotNamespace,
+    NotValid,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::BootChanged => "boot-changed",
+            Reason::NetnsMissing => "netns-missing",
+            Reason::NetnsReplaced => "netns-replaced",
+            Reason::NetnsNotNamespace => "netns-not-namespace",
+            Reason::NotValid => "not-valid",
+        }
+    }
+}
+
+/// Which identity decided a record's liveness (shown by `list --json` and gc's report).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Evidence {
+    /// Recorded in another boot.
+    BootId,
+    /// Nothing at the path (or the process it names has exited).
+    Path,
+    /// Something at the path that is not a namespace.
+    Filesystem,
+    /// Device/inode differ (stale); or they match and nothing stronger was recorded
+    /// (live, but never verified: a replay gets no namespace).
+    DevIno,
+    /// The process at a `/proc/<pid>/` path started at another time: a recycled PID.
+    PidStart,
+    /// The namespace cookie differs (stale), or matches (live and verified).
+    Cookie,
+    /// The path could not be examined now (permission, I/O): live, not verified.
+    Unreadable,
+    /// The runtime's valid list does not name the attachment.
+    ValidList,
+}
+
+impl Evidence {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Evidence::BootId => "boot-id",
+            Evidence::Path => "path",
+            Evidence::Filesystem => "filesystem",
+            Evidence::DevIno => "dev-ino",
+            Evidence::PidStart => "pid-start",
+            Evidence::Cookie => "cookie",
+            Evidence::Unreadable => "unreadable",
+            Evidence::ValidList => "valid-list",
+        }
+    }
+}
+
+/// The verdict on one record's namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Liveness {
+    /// None: live.
+    pub reason: Option<Reason>,
+    pub evidence: Evidence,
+    /// The namespace at the path is the recorded one by its cookie, checked just now:
+    /// the only case in which a replayed DEL may be given the path.
+    pub verified: bool,
+}
+
+impl Liveness {
+    fn stale(reason: Reason, evidence: Evidence) -> Liveness {
+        Liveness {
+            reason: Some(reason),
+            evidence,
+            verified: false,
+        }
+    }
+    fn live(evidence: Evidence) -> Liveness {
+        Liveness {
+            reason: None,
+            evidence,
+            verified: false,
+        }
+    }
+}
+
+/// Rules 1–3 of "when is a sandbox gone" (docs/DESIGN.md): boot, path, identity.
+pub fn liveness(
+    record_boot: &str,
+    netns: &str,
+    recorded: Option<NsId>,
+    current_boot: &str,
+) -> Liveness {
+    if record_boot != current_boot {
+        return Liveness::stale(Reason::BootChanged, Evidence::BootId);
+    }
+    if netns.is_empty() {
+        return Liveness::stale(Reason::NetnsMissing, Evidence::Path);
+    }
+    // stat first: whatever is not the recorded nsfs file is judged without opening it.
+    let meta = match std::fs::metadata(netns) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Liveness::stale(Reason::NetnsMissing, Evidence::Path)
+        }
+        Err(_) => return Liveness::live(Evidence::Unreadable),
+    };
+    let same_file = |m: &std::fs::Metadata, id: &NsId| m.dev() == id.dev && m.ino() == id.ino;
+    let was = match recorded {
+        Some(was) if same_file(&meta, &was) => was,
+        // Another file at the path, or nothing recorded at ADD: only its kind can tell.
+        _ => {
+            return match is_nsfs(netns) {
+                Ok(true) if recorded.is_some() => {
+                    Liveness::stale(Reason::NetnsReplaced, Evidence::DevIno)
+                }
+                // Without a recorded identity a namespace at the path counts as live.
+                Ok(true) => Liveness::live(Evidence::DevIno),
+                Ok(false) => Liveness::stale(Reason::NetnsNotNamespace, Evidence::Filesystem),
+                Err(nix::errno::Errno::ENOENT) => {
+                    Liveness::stale(Reason::NetnsMissing, Evidence::Path)
+                }
+                Err(_) => Liveness::live(Evidence::Unreadable),
+            };
+        }
+    };
+    // Same device and inode: necessary, never sufficient. A recycled PID first (no
+    // namespace needs to be opened for it), then the cookie.
+    if let (Some(start), Some(dir)) = (was.pid_start, identity::proc_task_dir(netns)) {
+        match identity::start_time(dir) {
+            Ok(now) if now != start => {
+                return Liveness::stale(Reason::NetnsReplaced, Evidence::PidStart)
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Liveness::stale(Reason::NetnsMissing, Evidence::Path)
+            }
+            Err(_) => return Liveness::live(Evidence::Unreadable),
+        }
+    }
+    let Some(cookie) = was.cookie else {
+        return Liveness::live(Evidence::DevIno);
+    };
+    let file = match open_ns(netns) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Liveness::stale(Reason::NetnsMissing, Evidence::Path)
+        }
+        Err(_) => return Liveness::live(Evidence::Unreadable),
+    };
+    // The path may have changed between stat and open: judge what was opened.
+    match file.metadata() {
+        Ok(m) if same_file(&m, &was) => {}
+        _ => return Liveness::live(Evidence::Unreadable),
+    }
+    match identity::netns_cookie(&file) {
+        Ok(now) if now == cookie => Liveness {
+            reason: None,
+            evidence: Evidence::Cookie,
+            verified: true,
+        },
+        Ok(_) => Liveness::stale(Reason::NetnsReplaced, Evidence::Cookie),
+        Err(_) => Liveness::live(Evidence::Unreadable),
+    }
+}
+
+/// The namespace path to hand a replayed DEL: the recorded one only while its cookie
+/// says it still is the recorded namespace in this boot; otherwise none, so no plugin
+/// ever enters a different, possibly live, namespace.
+pub fn replay_netns(
+    record_boot: &str,
+    netns: &str,
+    recorded: Option<NsId>,
+    current_boot: &str,
+) -> Option<String> {
+    liveness(record_boot, netns, recorded, current_boot)
+        .verified
+        .then(|| netns.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn own() -> NsId {
+        let Probe::Namespace(id) = probe("/proc/self/ns/net") else {
+            panic!("/proc/self/ns/net is not nsfs here");
+        };
+        id
+    }
+
+    #[test]
+    fn own_namespace_is_verified_by_its_cookie() {
+        let id = own();
+        assert!(id.cookie.is_some(), "this kernel gives a netns cookie");
+        let l = liveness("b", "/proc/self/ns/net", Some(id), "b");
+        assert_eq!(l.reason, None);
+        assert_eq!(l.evidence, Evidence::Cookie);
+        assert!(l.verified);
+        assert_eq!(
+            replay_netns("b", "/proc/self/ns/net", Some(id), "b").as_deref(),
+            Some("/proc/self/ns/net")
+        );
+        assert_eq!(replay_netns("a", "/proc/self/ns/net", Some(id), "b"), None);
+    }
+
+    #[test]
+    fn same_dev_ino_with_another_cookie_is_replaced() {
+        let mut id = own();
+        id.cookie = id.cookie.map(|c| c + 1);
+        let l = liveness("b", "/proc/self/ns/net", Some(id), "b");
+        assert_eq!(l.reason, Some(Reason::NetnsReplaced));
+        assert_eq!(l.evidence, Evidence::Cookie);
+        assert_eq!(replay_netns("b", "/proc/self/ns/net", Some(id), "b"), None);
+    }
+
+    #[test]
+    fn a_recycled_pid_is_replaced_by_its_start_time() {
+        let path = format!("/proc/{}/ns/net", std::process::id());
+        let Probe::Namespace(mut id) = probe(&path) else {
+            panic!("{path} is not nsfs");
+        };
+        assert!(id.pid_start.is_some());
+        id.pid_start = id.pid_start.map(|s| s + 1);
+        let l = liveness("b", &path, Some(id), "b");
+        assert_eq!(l.reason, Some(Reason::NetnsReplaced));
+        assert_eq!(l.evidence, Evidence::PidStart);
+    }
+
+    #[test]
+    fn old_records_are_judged_by_dev_ino_but_never_verified() {
+        let mut id = own();
+        id.cookie = None;
+        let l = liveness("b", "/proc/self/ns/net", Some(id), "b");
+        assert_eq!(
+            (l.reason, l.evidence, l.verified),
+            (None, Evidence::DevIno, false)
+        );
+        id.ino += 1;
+        let l = liveness("b", "/proc/self/ns/net", Some(id), "b");
+        assert_eq!(l.reason, Some(Reason::NetnsReplaced));
+        assert_eq!(l.evidence, Evidence::DevIno);
+    }
+
+    #[test]
+    fn rules_err_towards_live_and_boot_wins() {
+        let reason =
+            |boot: &str, path: &str, id: Option<NsId>| liveness(boot, path, id, "b").reason;
+        assert_eq!(
+            reason("a", "/proc/self/ns/net", None),
+            Some(Reason::BootChanged)
+        );
+        assert_eq!(
+            reason("b", "/nonexistent/netns", None),
+            Some(Reason::NetnsMissing)
+        );
+        assert_eq!(reason("b", "", None), Some(Reason::NetnsMissing));
+        assert_eq!(
+            reason("b", "/proc/self/status", None),
+            Some(Reason::NetnsNotNamespace)
+        );
+        assert_eq!(
+            reason("b", "/proc/self/status", Some(own())),
+            Some(Reason::NetnsNotNamespace)
+        );
+        // No recorded identity: a namespace at the path counts as live, unverified.
+        let l = liveness("b", "/proc/self/ns/net", None, "b");
+        assert_eq!((l.reason, l.verified), (None, false));
+        assert_eq!(replay_netns("b", "/proc/self/ns/net", None, "b"), None);
+    }
+
+    #[test]
+    fn boot_id_is_readable() {
+        assert!(!boot_id().unwrap().is_empty());
+    }
+}
