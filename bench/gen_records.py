@@ -10,8 +10,10 @@ the per-attachment lock file ADD leaves behind (locks/<stem>.lock) and the confl
 snapshot the records refer to. The records are live: their netns is NETNS_PATH with its
 real device/inode (what src/sandbox.rs compares), this boot's ID, created now.
 """
+import fcntl
 import hashlib
 import json
+import struct
 import os
 import sys
 import time
@@ -24,6 +26,15 @@ def main():
     prefix = sys.argv[6] if len(sys.argv) == 7 else "live"
     count = int(count)
     st = os.stat(netns)  # follows the path like std::fs::metadata
+    ns_id = {"dev": st.st_dev, "ino": st.st_ino}
+    fd = os.open(netns, os.O_RDONLY)
+    try:
+        ns_get_id = (2 << 30) | (8 << 16) | (0xB7 << 8) | 13  # _IOR(0xb7, 13, __u64)
+        ns_id["cookie"] = struct.unpack("Q", fcntl.ioctl(fd, ns_get_id, bytes(8)))[0]
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
     with open("/proc/sys/kernel/random/boot_id") as f:
         boot = f.read().strip()
     with open(conflist, "rb") as f:
@@ -48,7 +59,7 @@ def main():
             "containerId": cid,
             "ifname": "eth0",
             "netns": netns,
-            "netnsId": {"dev": st.st_dev, "ino": st.st_ino},
+            "netnsId": ns_id,
             "bootId": boot,
             "cniArgs": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=pod-{i}",
             "cniPath": "/usr/lib/cni",
