@@ -490,3 +490,25 @@ fn pid_recycled_by_a_host_process_is_replaced_and_the_host_untouched() {
     );
     drop(host_proc);
 }
+
+#[test]
+fn both_cookie_sources_give_the_same_value() {
+    // Kernels 5.14 to 6.17 have only the socket way; this kernel has both, so the
+    // fallback is checked against the ioctl here.
+    use cni_ledger::sandbox::identity;
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    require_root();
+    let ns = Netns::new();
+    let mut seen = Vec::new();
+    for path in ["/proc/self/ns/net".to_string(), ns.path_str()] {
+        let f = fs::File::open(&path).unwrap();
+        let by_ioctl = identity::ioctl_cookie(&f).expect("NS_GET_ID on this kernel");
+        let by_socket = identity::socket_cookie(&f).expect("SO_NETNS_COOKIE");
+        assert_eq!(by_ioctl, by_socket, "{path}");
+        seen.push(by_ioctl);
+    }
+    assert_ne!(seen[0], seen[1], "two namespaces, two cookies");
+    // The reader thread entered the namespace, not the test's thread.
+    let mine = fs::File::open("/proc/thread-self/ns/net").unwrap();
+    assert_eq!(identity::ioctl_cookie(&mine).unwrap(), seen[0]);
+}
