@@ -23,28 +23,22 @@ const SO_NETNS_COOKIE: nix::libc::c_int = 71;
 /// socket fallback.
 static NO_NS_GET_ID: AtomicBool = AtomicBool::new(false);
 
-/// How a cookie was read: which kernel interface answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CookieSource {
-    Ioctl,
-    Socket,
-}
-
 /// The cookie of the network namespace that `ns` (an open nsfs file) refers to.
 pub fn netns_cookie(ns: &File) -> io::Result<u64> {
-    netns_cookie_via(ns).map(|(cookie, _)| cookie)
-}
-
-pub fn netns_cookie_via(ns: &File) -> io::Result<(u64, CookieSource)> {
     if !NO_NS_GET_ID.load(Ordering::Relaxed) {
         match ioctl_cookie(ns) {
-            Ok(id) => return Ok((id, CookieSource::Ioctl)),
-            // An older kernel: the ioctl number is unknown to nsfs.
-            Err(Errno::ENOTTY) => NO_NS_GET_ID.store(true, Ordering::Relaxed),
+            Ok(id) => return Ok(id),
+            // An older kernel, if `ns` really is an nsfs file: its ioctl number is unknown.
+            Err(Errno::ENOTTY) if is_nsfs(ns) => NO_NS_GET_ID.store(true, Ordering::Relaxed),
             Err(e) => return Err(e.into()),
         }
     }
-    socket_cookie(ns).map(|c| (c, CookieSource::Socket))
+    socket_cookie(ns)
+}
+
+fn is_nsfs(f: &File) -> bool {
+    nix::sys::statfs::fstatfs(f)
+        .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::NSFS_MAGIC)
 }
 
 pub fn ioctl_cookie(ns: &File) -> Result<u64, Errno> {
