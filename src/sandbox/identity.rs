@@ -9,7 +9,7 @@
 use nix::errno::Errno;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 // NS_GET_ID = _IOR(NSIO 0xb7, 13, __u64), Linux 6.18 and later. For a network
@@ -59,19 +59,13 @@ pub fn socket_cookie(ns: &File) -> io::Result<u64> {
             .name("netns-cookie".into())
             .spawn_scoped(s, move || -> io::Result<u64> {
                 nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWNET)?;
-                // SAFETY: plain socket(2); the result is checked before it is owned.
-                let raw = unsafe {
-                    nix::libc::socket(
-                        nix::libc::AF_UNIX,
-                        nix::libc::SOCK_DGRAM | nix::libc::SOCK_CLOEXEC,
-                        0,
-                    )
-                };
-                if raw < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                // SAFETY: `raw` is a new descriptor that nothing else owns.
-                let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+                use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+                let sock = socket(
+                    AddressFamily::Unix,
+                    SockType::Datagram,
+                    SockFlag::SOCK_CLOEXEC,
+                    None,
+                )?;
                 let mut cookie = 0u64;
                 let mut len = std::mem::size_of::<u64>() as nix::libc::socklen_t;
                 // SAFETY: `cookie` and `len` are valid for writes of the sizes given, and
