@@ -1,0 +1,97 @@
+//! Netdev operations over rtnetlink (`netlink-packet-route`): the host's link names,
+//! and moving a link into another namespace under a chosen name.
+
+use super::nl::{Conn, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
+use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload};
+use netlink_packet_route::link::{LinkAttribute, LinkMessage};
+use netlink_packet_route::RouteNetlinkMessage;
+use std::collections::HashSet;
+use std::io;
+use std::os::fd::RawFd;
+
+pub fn open() -> io::Result<Conn> {
+    Conn::open(netlink_sys::protocols::NETLINK_ROUTE)
+}
+
+fn encode(msg: RouteNetlinkMessage, flags: u16) -> Vec<u8> {
+    let mut header = NetlinkHeader::default();
+    header.flags = flags;
+    let mut m = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(msg));
+    m.finalize();
+    let mut buf = vec![0; m.buffer_len()];
+    m.serialize(&mut buf);
+    buf
+}
+
+/// Every link name in the socket's namespace.
+pub fn names(conn: &mut Conn) -> io::Result<HashSet<String>> {
+    let req = encode(
+        RouteNetlinkMessage::GetLink(LinkMessage::default()),
+        NLM_F_REQUEST | NLM_F_DUMP,
+    );
+    let mut out = HashSet::new();
+    for frame in conn.request(req)? {
+        let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&frame.bytes)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        if let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) = msg.payload {
+            for attr in link.attributes {
+                if let LinkAttribute::IfName(name) = attr {
+                    out.insert(name);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The request that moves link `index` (of the socket's namespace) into the namespace
+/// `target_ns` refers to, named `name` there. The kernel takes the link down on the way
+/// and applies the name in the target namespace, so no name of the source is touched.
+pub fn move_request(index: u32, target_ns: RawFd, name: &str) -> Vec<u8> {
+    let mut link = LinkMessage::default();
+    link.header.index = index;
+    link.attributes = vec![
+        LinkAttribute::NetNsFd(target_ns),
+        LinkAttribute::IfName(name.to_string()),
+    ];
+    encode(
+        RouteNetlinkMessage::SetLink(link),
+        NLM_F_REQUEST | NLM_F_ACK,
+    )
+}
+
+pub fn move_to(conn: &mut Conn, index: u32, target_ns: RawFd, name: &str) -> io::Result<()> {
+    conn.request(move_request(index, target_ns, name))
+        .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn move_request_layout() {
+        let b = move_request(7, 9, "ens9f0");
+        // nlmsghdr: RTM_SETLINK (19), REQUEST|ACK; ifinfomsg with index 7; then
+        // IFLA_NET_NS_FD (28) = 9 and IFLA_IFNAME (3) = "ens9f0\0".
+        assert_eq!(
+            u32::from_ne_bytes(b[0..4].try_into().unwrap()) as usize,
+            b.len()
+        );
+        assert_eq!(u16::from_ne_bytes([b[4], b[5]]), 19);
+        assert_eq!(u16::from_ne_bytes([b[6], b[7]]), NLM_F_REQUEST | NLM_F_ACK);
+        assert_eq!(i32::from_ne_bytes(b[20..24].try_into().unwrap()), 7);
+        let attrs = &b[32..];
+        assert_eq!(attrs[..4], [8, 0, 28, 0]);
+        assert_eq!(u32::from_ne_bytes(attrs[4..8].try_into().unwrap()), 9);
+        assert_eq!(attrs[8..12], [11, 0, 3, 0]);
+        assert_eq!(&attrs[12..19], b"ens9f0\0");
+    }
+
+    #[test]
+    fn lists_own_namespace_links() {
+        // Every namespace has lo; this needs no privilege.
+        let mut c = open().unwrap();
+        assert!(names(&mut c).unwrap().contains("lo"));
+    }
+}
