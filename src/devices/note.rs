@@ -99,6 +99,50 @@ pub fn summary(note: &Note) -> String {
         .join("; ")
 }
 
+/// `list`'s state for an attachment whose devices were not all returned.
+pub const STATE: &str = "devices-left";
+
+/// The note as a `list --json` element.
+pub fn json_row(path: &Path, note: &Result<Note, String>) -> serde_json::Value {
+    match note {
+        Ok(n) => serde_json::json!({
+            "network": n.network, "containerId": n.container_id, "ifname": n.ifname,
+            "netns": n.netns, "state": STATE, "reason": summary(n), "at": n.at,
+            "devices": n.failures, "file": path.display().to_string(),
+        }),
+        Err(e) => serde_json::json!({
+            "state": STATE, "reason": format!("unreadable note: {e}"),
+            "file": path.display().to_string(),
+        }),
+    }
+}
+
+/// The note as a `list` table row (NETWORK CONTAINER IFNAME STATE REASON AGE NETNS).
+pub fn table_row(path: &Path, note: &Result<Note, String>, now: i64) -> Vec<String> {
+    match note {
+        Ok(n) => vec![
+            n.network.clone(),
+            n.container_id.clone(),
+            n.ifname.clone(),
+            STATE.into(),
+            summary(n),
+            crate::time::parse_rfc3339(&n.at)
+                .map(|t| crate::cli::age(now - t))
+                .unwrap_or_else(|| "-".into()),
+            n.netns.clone(),
+        ],
+        Err(e) => vec![
+            "-".into(),
+            path.display().to_string(),
+            "-".into(),
+            STATE.into(),
+            format!("unreadable note: {e}"),
+            "-".into(),
+            "-".into(),
+        ],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
