@@ -212,3 +212,25 @@ fn a_device_that_cannot_move_never_fails_del_and_list_shows_it() {
         "{table}"
     );
 }
+
+#[test]
+fn a_namespace_that_is_not_the_recorded_one_is_left_alone() {
+    let f = fixture(Some(json!({"names": ["dev*"]})));
+    let mut pod = Netns::new();
+    f.add("c-6", "eth0", Some(&pod.path_str()), None).unwrap();
+    // Another namespace now sits at the recorded path (the runtime reused it).
+    pod.replace();
+    run({
+        let mut c = pod.exec("ip");
+        c.args([
+            "link", "add", POD_NAME, "type", "veth", "peer", "name", "devx1",
+        ]);
+        c
+    });
+    f.del("c-6", "eth0", Some(&pod.path_str()), None)
+        .unwrap_or_else(|e| panic!("DEL: {e}\nlog:\n{}", f.log()));
+    assert!(pod_link(&pod, POD_NAME).is_some() && pod_link(&pod, "devx1").is_some());
+    assert!(host_link(&f, POD_NAME).is_none() && host_link(&f, "devx1").is_none());
+    assert!(f.record_files().is_empty());
+    assert!(!f.log().contains("return"), "{}", f.log());
+}

@@ -33,7 +33,12 @@ pub fn write(ledger: &Ledger, key: &Key, netns: &str, failures: &[Failure]) -> R
     let dir = dir(ledger);
     match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
         Ok(()) => fsio::fsync_dir(ledger.root())?,
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            // Never write through a symlink planted in the ledger.
+            let meta = std::fs::symlink_metadata(&dir)
+                .with_context(|| format!("checking {}", dir.display()))?;
+            anyhow::ensure!(meta.is_dir(), "{} is not a directory", dir.display());
+        }
         Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
     }
     let note = Note {

@@ -140,10 +140,18 @@ pub fn bound_devices(conn: &mut Conn) -> io::Result<Found> {
         }
         Err(e) => return Err(e),
     };
-    if shared != Some(false) {
-        return Ok(Found::Nothing(
-            "RDMA in shared namespace mode: devices belong to no namespace".into(),
-        ));
+    match shared {
+        Some(false) => {}
+        Some(true) => {
+            return Ok(Found::Nothing(
+                "RDMA in shared namespace mode: devices belong to no namespace".into(),
+            ))
+        }
+        None => {
+            return Ok(Found::Nothing(
+                "kernel reports no RDMA namespace mode".into(),
+            ))
+        }
     }
     let frames = conn.request(dev_dump_request())?;
     Ok(Found::Devices(
