@@ -1,43 +1,52 @@
 //! Netdev operations over rtnetlink (`netlink-packet-route`): the host's link names,
 //! and moving a link into another namespace under a chosen name.
 
-use super::nl::{Conn, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
-use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload};
+use super::nl::{Conn, NLMSG_HDRLEN, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
+use netlink_packet_core::{Emitable, Parseable};
 use netlink_packet_route::link::{LinkAttribute, LinkMessage};
-use netlink_packet_route::RouteNetlinkMessage;
 use std::collections::HashSet;
 use std::io;
 use std::os::fd::RawFd;
+
+// Message types from `linux/rtnetlink.h`.
+const RTM_NEWLINK: u16 = 16;
+const RTM_GETLINK: u16 = 18;
+const RTM_SETLINK: u16 = 19;
 
 pub fn open() -> io::Result<Conn> {
     Conn::open(netlink_sys::protocols::NETLINK_ROUTE)
 }
 
-fn encode(msg: RouteNetlinkMessage, flags: u16) -> Vec<u8> {
-    let mut header = NetlinkHeader::default();
-    header.flags = flags;
-    let mut m = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(msg));
-    m.finalize();
-    let mut buf = vec![0; m.buffer_len()];
-    m.serialize(&mut buf);
+/// A link message behind a netlink header. Link messages are encoded and parsed alone,
+/// not through the crate's all-families message enum, which would link in every
+/// rtnetlink family (routes, qdiscs, ...) for nothing.
+fn encode(kind: u16, flags: u16, link: &LinkMessage) -> Vec<u8> {
+    let mut buf = vec![0; NLMSG_HDRLEN + link.buffer_len()];
+    link.emit(&mut buf[NLMSG_HDRLEN..]);
+    let len = buf.len() as u32;
+    buf[0..4].copy_from_slice(&len.to_ne_bytes());
+    buf[4..6].copy_from_slice(&kind.to_ne_bytes());
+    buf[6..8].copy_from_slice(&flags.to_ne_bytes());
     buf
 }
 
 /// Every link name in the socket's namespace.
 pub fn names(conn: &mut Conn) -> io::Result<HashSet<String>> {
     let req = encode(
-        RouteNetlinkMessage::GetLink(LinkMessage::default()),
+        RTM_GETLINK,
         NLM_F_REQUEST | NLM_F_DUMP,
+        &LinkMessage::default(),
     );
     let mut out = HashSet::new();
     for frame in conn.request(req)? {
-        let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&frame.bytes)
+        if frame.kind != RTM_NEWLINK {
+            continue;
+        }
+        let link = LinkMessage::parse(frame.payload())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-        if let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) = msg.payload {
-            for attr in link.attributes {
-                if let LinkAttribute::IfName(name) = attr {
-                    out.insert(name);
-                }
+        for attr in link.attributes {
+            if let LinkAttribute::IfName(name) = attr {
+                out.insert(name);
             }
         }
     }
@@ -54,10 +63,7 @@ pub fn move_request(index: u32, target_ns: RawFd, name: &str) -> Vec<u8> {
         LinkAttribute::NetNsFd(target_ns),
         LinkAttribute::IfName(name.to_string()),
     ];
-    encode(
-        RouteNetlinkMessage::SetLink(link),
-        NLM_F_REQUEST | NLM_F_ACK,
-    )
+    encode(RTM_SETLINK, NLM_F_REQUEST | NLM_F_ACK, &link)
 }
 
 pub fn move_to(conn: &mut Conn, index: u32, target_ns: RawFd, name: &str) -> io::Result<()> {
