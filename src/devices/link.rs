@@ -2,7 +2,7 @@
 //! and moving a link into another namespace under a chosen name.
 
 use super::nl::{Conn, NLMSG_HDRLEN, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
-use netlink_packet_core::{Emitable, Parseable};
+use netlink_packet_core::{Emitable, NlasIterator};
 use netlink_packet_route::link::{LinkAttribute, LinkMessage};
 use std::collections::HashSet;
 use std::io;
@@ -12,6 +12,10 @@ use std::os::fd::RawFd;
 const RTM_NEWLINK: u16 = 16;
 const RTM_GETLINK: u16 = 18;
 const RTM_SETLINK: u16 = 19;
+/// `struct ifinfomsg`, before a link message's attributes.
+const IFINFOMSG_LEN: usize = 16;
+/// `IFLA_IFNAME` from `linux/if_link.h`.
+const IFLA_IFNAME: u16 = 3;
 
 pub fn open() -> io::Result<Conn> {
     Conn::open(netlink_sys::protocols::NETLINK_ROUTE)
@@ -42,11 +46,15 @@ pub fn names(conn: &mut Conn) -> io::Result<HashSet<String>> {
         if frame.kind != RTM_NEWLINK {
             continue;
         }
-        let link = LinkMessage::parse(frame.payload())
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-        for attr in link.attributes {
-            if let LinkAttribute::IfName(name) = attr {
-                out.insert(name);
+        // Only the name is needed: walk the attributes after the ifinfomsg rather than
+        // decoding every attribute of every host link.
+        let attrs = frame.payload().get(IFINFOMSG_LEN..).unwrap_or_default();
+        for nla in NlasIterator::new(attrs) {
+            let nla = nla.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+            if nla.kind() == IFLA_IFNAME {
+                let v = nla.value();
+                let v = v.split(|&b| b == 0).next().unwrap_or_default();
+                out.insert(String::from_utf8_lossy(v).into_owned());
             }
         }
     }
