@@ -234,11 +234,20 @@ fn inside(
                     bus_address: l.bus_address.clone(),
                 });
             }
-            Err(e) => out.failures.push(failure(
-                &l.name,
-                l.bus_address.clone(),
-                format!("moving to the host as {name}: {e}"),
-            )),
+            Err(e) => {
+                // The kernel moves first and renames in the target namespace after: a
+                // link gone from here went to the host under its own name.
+                let error = if Path::new("/sys/class/net").join(&l.name).exists() {
+                    format!("moving to the host as {name}: {e}")
+                } else {
+                    format!(
+                        "moved to the host as {}, but not renamed {name}: {e}",
+                        l.name
+                    )
+                };
+                out.failures
+                    .push(failure(&l.name, l.bus_address.clone(), error));
+            }
         }
     }
     out
