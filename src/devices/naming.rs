@@ -42,17 +42,27 @@ pub fn valid_ifname(name: &str) -> bool {
             .any(|b| b == b'/' || b == b':' || b.is_ascii_whitespace() || b == 0)
 }
 
-/// systemd's path-based name for a PCI address `DDDD:BB:SS.F` (hex):
-/// `enp<bus>s<slot>f<fn>`, with `P<domain>` first when the domain is not 0.
-pub fn from_bus_address(addr: &str) -> Option<String> {
+/// The parts of a PCI address `DDDD:BB:SS.F` (hex): domain, bus, slot, function.
+pub fn pci_address(addr: &str) -> Option<(u32, u32, u32, u32)> {
     let (rest, func) = addr.rsplit_once('.')?;
     let mut parts = rest.split(':');
     let (domain, bus, slot) = (parts.next()?, parts.next()?, parts.next()?);
-    if parts.next().is_some() || domain.len() != 4 || bus.len() != 2 || slot.len() != 2 {
+    if parts.next().is_some()
+        || domain.len() != 4
+        || bus.len() != 2
+        || slot.len() != 2
+        || func.len() != 1
+    {
         return None;
     }
     let hex = |s: &str| u32::from_str_radix(s, 16).ok();
-    let (d, b, s, f) = (hex(domain)?, hex(bus)?, hex(slot)?, hex(func)?);
+    Some((hex(domain)?, hex(bus)?, hex(slot)?, hex(func)?))
+}
+
+/// A name after systemd's path scheme for a PCI address: `enp<bus>s<slot>f<fn>`, with
+/// `P<domain>` first when the domain is not 0 (the function is always given).
+pub fn from_bus_address(addr: &str) -> Option<String> {
+    let (d, b, s, f) = pci_address(addr)?;
     let name = if d == 0 {
         format!("enp{b}s{s}f{f}")
     } else {
@@ -72,7 +82,7 @@ pub fn choose(link: &PodLink, taken: &HashSet<String>) -> (String, Source) {
         return (link.name.clone(), Source::Current);
     }
     if let Some(name) = link
-        .bus_address
+        .pci_address
         .as_deref()
         .and_then(from_bus_address)
         .filter(|n| free(n))
@@ -96,6 +106,7 @@ mod tests {
             ifindex: 7,
             alias: alias.map(Into::into),
             bus_address: bus.map(Into::into),
+            pci_address: bus.map(Into::into),
             hardware: bus.is_some(),
             loopback: false,
         }
@@ -157,6 +168,16 @@ mod tests {
         assert_eq!(
             choose(&l, &taken(&["ens9f0", "dev0"])),
             ("dev1".into(), Source::Counter)
+        );
+    }
+
+    #[test]
+    fn a_virtio_nic_is_named_by_its_pci_parent() {
+        let mut l = link("net1", None, Some("virtio2"));
+        l.pci_address = Some("0000:00:03.0".into());
+        assert_eq!(
+            choose(&l, &taken(&["net1"])),
+            ("enp0s3f0".into(), Source::BusAddress)
         );
     }
 

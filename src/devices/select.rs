@@ -19,6 +19,9 @@ pub struct PodLink {
     pub alias: Option<String>,
     /// The bus address of the backing device (`device` link's target, e.g. `0000:03:00.1`).
     pub bus_address: Option<String>,
+    /// The PCI address the device sits at: the bus address itself for a NIC or VF, the
+    /// nearest PCI ancestor for a device on another bus (virtio-net: `0000:00:03.0`).
+    pub pci_address: Option<String>,
     /// A `device` entry exists: the netdev is backed by hardware (NIC, SR-IOV VF).
     pub hardware: bool,
     pub loopback: bool,
@@ -55,6 +58,12 @@ pub fn scan(class_net: &Path) -> io::Result<Vec<PodLink>> {
         let bus_address = std::fs::read_link(&device)
             .ok()
             .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()));
+        let pci_address = std::fs::canonicalize(&device).ok().and_then(|p| {
+            p.iter()
+                .rev()
+                .map(|c| c.to_string_lossy().into_owned())
+                .find(|c| super::naming::pci_address(c).is_some())
+        });
         let loopback = name == "lo"
             || read_number(&dir.join("type")) == Some(ARPHRD_LOOPBACK)
             || read_number(&dir.join("flags")).is_some_and(|f| f & IFF_LOOPBACK != 0);
@@ -63,6 +72,7 @@ pub fn scan(class_net: &Path) -> io::Result<Vec<PodLink>> {
             name,
             ifindex,
             bus_address,
+            pci_address,
             hardware,
             loopback,
         });
@@ -182,6 +192,7 @@ mod tests {
         t.link("net2", 4, 1, "", Some("0000:03:02.1")); // a VF
         t.link("mv0", 5, 1, "", None); // macvlan
         t.link("br0", 6, 1, "", None); // bridge
+        t.link("net3", 7, 1, "", Some("pci0000:00/0000:00:03.0/virtio2")); // virtio-net
         t
     }
 
@@ -189,14 +200,18 @@ mod tests {
     fn hardware_only_by_default_never_loopback_or_virtual() {
         let t = pod();
         let links = scan(&t.class_net()).unwrap();
-        assert_eq!(links.len(), 6);
+        assert_eq!(links.len(), 7);
         let nic = links.iter().find(|l| l.name == "net1").unwrap();
         assert_eq!(nic.alias.as_deref(), Some("ens9f0"));
         assert_eq!(nic.bus_address.as_deref(), Some("0000:03:00.0"));
         assert!(nic.hardware && !nic.loopback);
+        assert_eq!(nic.pci_address.as_deref(), Some("0000:03:00.0"));
+        let virtio = links.iter().find(|l| l.name == "net3").unwrap();
+        assert_eq!(virtio.bus_address.as_deref(), Some("virtio2"));
+        assert_eq!(virtio.pci_address.as_deref(), Some("0000:00:03.0"));
         let eth0 = links.iter().find(|l| l.name == "eth0").unwrap();
         assert_eq!((eth0.alias.as_ref(), eth0.hardware), (None, false));
-        assert_eq!(names(&select(&links, &[])), ["net1", "net2"]);
+        assert_eq!(names(&select(&links, &[])), ["net1", "net2", "net3"]);
     }
 
     #[test]
@@ -205,11 +220,11 @@ mod tests {
         let links = scan(&t.class_net()).unwrap();
         assert_eq!(
             names(&select(&links, &["mv*".into()])),
-            ["net1", "net2", "mv0"]
+            ["net1", "net2", "mv0", "net3"]
         );
         assert_eq!(
             names(&select(&links, &["*".into()])),
-            ["eth0", "net1", "net2", "mv0", "br0"]
+            ["eth0", "net1", "net2", "mv0", "br0", "net3"]
         );
         // Loopback is never returned, even when hardware-looking or named.
         let t2 = Tree::new("lo");
