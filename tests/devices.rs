@@ -234,3 +234,20 @@ fn a_namespace_that_is_not_the_recorded_one_is_left_alone() {
     assert!(f.record_files().is_empty());
     assert!(!f.log().contains("return"), "{}", f.log());
 }
+
+#[test]
+fn true_returns_only_device_backed_links_so_a_veth_stays() {
+    let f = fixture(Some(json!(true)));
+    let pod = pod_with_device(&f, "c-7");
+    f.del("c-7", "eth0", Some(&pod.path_str()), None)
+        .unwrap_or_else(|e| panic!("DEL: {e}\nlog:\n{}", f.log()));
+    // A veth has no `device` entry in the pod's sysfs: virtual, left to its owner.
+    assert!(pod_link(&pod, POD_NAME).is_some());
+    assert!(host_link(&f, ALIAS).is_none() && host_link(&f, POD_NAME).is_none());
+    assert!(f.record_files().is_empty());
+    let log = f.log();
+    assert!(
+        log.contains("DEL cltest/c-7/eth0: no devices to return from"),
+        "{log}"
+    );
+}
