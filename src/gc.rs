@@ -479,6 +479,13 @@ fn handle(
         timeout: opts.timeout,
     };
     let outcomes = replay::replay_del(&config, &rec.ledger_type, &inv);
+    // The ledger's own DEL, skipped in the chain, runs last: its device return too.
+    if let (Some(ns), Some(spec)) = (
+        &netns,
+        crate::devices::spec_in_chain(&config, &rec.ledger_type),
+    ) {
+        crate::devices::at_del(ledger, &key, ns, &spec, "gc:");
+    }
     for o in &outcomes {
         match &o.error {
             None => crate::info!("gc: {key}: {} DEL ok", o.plugin_type),

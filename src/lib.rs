@@ -4,6 +4,7 @@
 pub mod cli;
 pub mod cni;
 pub mod conflist;
+pub mod devices;
 pub mod faults;
 pub mod gc;
 pub mod ledger;

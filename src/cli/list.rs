@@ -223,16 +223,25 @@ pub fn run(args: Args) -> Result<i32> {
             others.push(damaged_row(&ledger, &stem, &path, reason, &detail));
         }
     }
+    let device_notes = crate::devices::note::read_all(&ledger);
     if args.json {
         let mut json = json.into_inner().expect("no panics hold this lock");
         for o in &others {
             json.push(o)?;
+        }
+        for (path, note) in &device_notes {
+            json.push(&crate::devices::note::json_row(path, note))?;
         }
         json.finish()?;
         return Ok(0);
     }
     cells.sort_unstable();
     cells.extend(others.iter().map(other_cells));
+    cells.extend(
+        device_notes
+            .iter()
+            .map(|(path, note)| crate::devices::note::table_row(path, note, now)),
+    );
     super::print_table(
         &[
             "NETWORK",

@@ -40,6 +40,8 @@ struct Raw {
     prev_result: Option<Value>,
     lock_timeout_ms: Option<u64>,
     gc_grace_secs: Option<u64>,
+    #[serde(default)]
+    return_devices: Value,
 }
 
 #[derive(Debug, Clone)]
@@ -59,6 +61,8 @@ pub struct NetConf {
     /// Grace period of the CNI GC verb: younger records may belong to ADDs the runtime's
     /// valid list predates.
     pub gc_grace_secs: u64,
+    /// `returnDevices`: None when off, and then DEL does no device work at all.
+    pub return_devices: Option<crate::devices::Spec>,
     /// The whole stdin document, for commands (GC) that read more keys.
     pub raw: Value,
 }
@@ -95,6 +99,13 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
         .filter(|(_, v)| v.as_bool() == Some(true))
         .map(|(k, _)| k.clone())
         .collect();
+    let return_devices = crate::devices::parse_option(&raw.return_devices).map_err(|e| {
+        CniError::new(
+            error::INVALID_NETWORK_CONFIG,
+            "invalid cni-ledger configuration",
+            e,
+        )
+    })?;
     Ok(NetConf {
         // skel's decoder treats a missing version as 0.1.0, which no one supports today.
         cni_version: raw.cni_version.unwrap_or_else(|| "0.1.0".into()),
@@ -111,6 +122,7 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
         prev_result: raw.prev_result,
         lock_timeout_ms: raw.lock_timeout_ms.unwrap_or(5000),
         gc_grace_secs: raw.gc_grace_secs.unwrap_or(60),
+        return_devices,
         raw: value,
     })
 }
@@ -126,6 +138,15 @@ mod tests {
         assert_eq!(c.capabilities, vec!["portMappings".to_string()]);
         assert_eq!(c.on_ledger_error, OnLedgerError::Fail);
         assert_eq!(c.lock_timeout_ms, 5000);
+        assert_eq!(c.return_devices, None);
+        let c = parse(br#"{"name":"n","returnDevices":{"names":["dev*"]}}"#).unwrap();
+        assert_eq!(c.return_devices.unwrap().names, vec!["dev*".to_string()]);
+        assert_eq!(
+            parse(br#"{"name":"n","returnDevices":"yes"}"#)
+                .unwrap_err()
+                .code,
+            error::INVALID_NETWORK_CONFIG
+        );
     }
 
     #[test]

@@ -30,7 +30,18 @@ pub fn del(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
         .ok_or_else(|| busy(&key))?;
     match ledger.read(&stem).map_err(ledger_error)? {
         None => {}
-        Some(Decoded::Ok(_)) | Some(Decoded::Newer(_)) => {
+        Some(Decoded::Ok(rec)) => {
+            // Before the record goes: devices a driver moved into the pod come back
+            // while the namespace still exists (the chain's DELs have all run).
+            if let Some(spec) = &conf.return_devices {
+                if let Some(netns) = devices_netns(&rec, &args.netns) {
+                    crate::devices::at_del(&ledger, &key, &netns, spec, "DEL");
+                }
+            }
+            ledger.remove(&stem).map_err(ledger_error)?;
+            crate::info!("DEL {key}: record removed");
+        }
+        Some(Decoded::Newer(_)) => {
             ledger.remove(&stem).map_err(ledger_error)?;
             crate::info!("DEL {key}: record removed");
         }
@@ -48,6 +59,17 @@ pub fn del(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
     }
     lock.release_and_remove();
     Ok(())
+}
+
+/// The namespace to take devices from: CNI_NETNS, only when it is the recorded path and
+/// that path still is the recorded namespace in this boot (gc's rule), so devices are
+/// never taken out of some other namespace.
+fn devices_netns(rec: &crate::ledger::Record, cni_netns: &str) -> Option<String> {
+    if cni_netns.is_empty() || cni_netns != rec.netns {
+        return None;
+    }
+    let boot = crate::sandbox::boot_id().ok()?;
+    crate::sandbox::replay_netns(&rec.boot_id, &rec.netns, rec.netns_id, &boot)
 }
 
 pub fn check(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {

@@ -1,0 +1,389 @@
+//! Handing devices back to the host at DEL (plugin option `returnDevices`).
+//!
+//! A device driver (a DRA network driver, an SR-IOV device plugin) may have moved
+//! physical NICs, VFs and RDMA devices into the pod's namespace. Some runtimes delete the
+//! namespace before the driver's own teardown hook runs, and the kernel then returns a
+//! NIC down and renamed, and strands an RDMA device in exclusive mode. The ledger's DEL
+//! runs last in the chain while the namespace still exists, so it moves them back here.
+//!
+//! `select` and `naming` are pure; `link` and `rdma` speak netlink; this module enters
+//! the namespace on a thread of its own and keeps what could not be moved (`note`).
+
+pub mod link;
+pub mod naming;
+pub mod nl;
+pub mod note;
+pub mod rdma;
+pub mod select;
+
+use crate::ledger::{Key, Ledger};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::HashSet;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+
+/// The `returnDevices` option when on: extra name patterns beside hardware-backed links.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Spec {
+    pub names: Vec<String>,
+}
+
+/// Parses `returnDevices`: `true`, `false`, or `{"names": ["pattern", ...]}`.
+/// Ok(None) means off.
+pub fn parse_option(v: &Value) -> Result<Option<Spec>, String> {
+    match v {
+        Value::Null | Value::Bool(false) => Ok(None),
+        Value::Bool(true) => Ok(Some(Spec::default())),
+        Value::Object(o) => {
+            if let Some(k) = o.keys().find(|k| *k != "names") {
+                return Err(format!("returnDevices: unknown key {k:?}"));
+            }
+            let names = match o.get("names") {
+                None => Vec::new(),
+                Some(Value::Array(a)) => a
+                    .iter()
+                    .map(|p| match p.as_str() {
+                        Some(s) if !s.is_empty() && s.len() <= 64 => Ok(s.to_string()),
+                        _ => Err(format!(
+                            "returnDevices.names: {p} is not a pattern (a string of 1-64 bytes)"
+                        )),
+                    })
+                    .collect::<Result<_, _>>()?,
+                Some(other) => {
+                    return Err(format!(
+                        "returnDevices.names must be an array of patterns, not {other}"
+                    ))
+                }
+            };
+            Ok(Some(Spec { names }))
+        }
+        other => Err(format!(
+            "returnDevices must be true, false or {{\"names\": [...]}}, not {other}"
+        )),
+    }
+}
+
+/// The option as the ledger's own entry of a conflist has it (for gc's replay, which
+/// skips the ledger in the chain and so does its part here). Bad values count as off:
+/// ADD refused them already.
+pub fn spec_in_chain(list: &Value, ledger_type: &str) -> Option<Spec> {
+    let entry = list
+        .get("plugins")?
+        .as_array()?
+        .iter()
+        .find(|p| p.get("type").and_then(Value::as_str) == Some(ledger_type))?;
+    parse_option(entry.get("returnDevices")?).ok().flatten()
+}
+
+/// A device put back into the host's namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Moved {
+    pub kind: &'static str,
+    pub pod_name: String,
+    pub host_name: String,
+    /// Why it got `host_name` (netdevs only).
+    pub source: Option<&'static str>,
+    pub bus_address: Option<String>,
+}
+
+/// A device that could not be put back, or a step that failed before any device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Failure {
+    pub device: String,
+    pub bus_address: Option<String>,
+    pub error: String,
+}
+
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub moved: Vec<Moved>,
+    pub failures: Vec<Failure>,
+    /// What the RDMA side found when it found nothing to move.
+    pub rdma_note: Option<String>,
+}
+
+fn failure(device: &str, bus_address: Option<String>, error: impl std::fmt::Display) -> Failure {
+    Failure {
+        device: device.to_string(),
+        bus_address,
+        error: error.to_string(),
+    }
+}
+
+/// Moves the devices in the namespace at `netns` back to the namespace this process
+/// runs in (the host's). Never fails: what goes wrong is in `Outcome::failures`.
+pub fn return_devices(netns: &str, spec: &Spec) -> Outcome {
+    let fail = |step: &str, e: &dyn std::fmt::Display| Outcome {
+        failures: vec![failure("-", None, format!("{step}: {e}"))],
+        ..Outcome::default()
+    };
+    // The calling thread is in the host's namespace: its handle is where devices go,
+    // and a socket made here keeps talking to the host from any thread.
+    let host_ns = match File::open("/proc/thread-self/ns/net") {
+        Ok(f) => f,
+        Err(e) => return fail("opening the host's namespace", &e),
+    };
+    let host_names = match link::open().and_then(|mut c| link::names(&mut c)) {
+        Ok(n) => n,
+        Err(e) => return fail("listing the host's links", &e),
+    };
+    let pod_ns = match File::open(netns) {
+        Ok(f) => f,
+        Err(e) => return fail(&format!("opening {netns}"), &e),
+    };
+    let patterns = spec.names.clone();
+    // setns changes the calling thread's namespace for good, and whatever it runs or
+    // spawns later inherits it: so it happens only on this thread, which then ends.
+    let worker = std::thread::Builder::new()
+        .name("return-devices".into())
+        .spawn(move || inside(&pod_ns, &host_ns, host_names, &patterns));
+    match worker {
+        Ok(handle) => handle
+            .join()
+            .unwrap_or_else(|_| fail("device return", &"panicked")),
+        Err(e) => fail("starting the namespace thread", &e),
+    }
+}
+
+/// Runs on the dedicated thread: enter the pod's namespace, get a sysfs that shows it,
+/// move RDMA devices and then netdevs to `host_ns`.
+fn inside(
+    pod_ns: &File,
+    host_ns: &File,
+    mut taken: HashSet<String>,
+    patterns: &[String],
+) -> Outcome {
+    use nix::mount::{mount, MsFlags};
+    use nix::sched::{setns, unshare, CloneFlags};
+    let mut out = Outcome::default();
+    // /sys/class/net lists the links of the namespace whose process mounted that sysfs,
+    // not the caller's: so mount one from inside, in a mount namespace of this thread
+    // alone (slave, so nothing propagates to the host). The `device` entry read there is
+    // exactly "backed by a device" on every kernel (IFLA_PARENT_DEV_NAME says the same
+    // but only from 5.15), and sysfs also gives the bus address and the alias.
+    let entered = setns(pod_ns, CloneFlags::CLONE_NEWNET)
+        .map_err(|e| format!("entering the namespace: {e}"))
+        .and_then(|()| {
+            unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("private mount namespace: {e}"))
+        })
+        .and_then(|()| {
+            mount(
+                None::<&str>,
+                "/",
+                None::<&str>,
+                MsFlags::MS_REC | MsFlags::MS_SLAVE,
+                None::<&str>,
+            )
+            .map_err(|e| format!("making mounts private: {e}"))
+        })
+        .and_then(|()| {
+            mount(
+                Some("sysfs"),
+                "/sys",
+                Some("sysfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                None::<&str>,
+            )
+            .map_err(|e| format!("mounting the namespace's sysfs: {e}"))
+        });
+    if let Err(e) = entered {
+        out.failures.push(failure("-", None, e));
+        return out;
+    }
+    let host_fd = host_ns.as_raw_fd();
+
+    // RDMA first, so that a NIC and its RDMA device are back together.
+    return_rdma(&mut out, host_fd);
+
+    let links = match select::scan(Path::new("/sys/class/net")) {
+        Ok(l) => l,
+        Err(e) => {
+            out.failures
+                .push(failure("-", None, format!("reading /sys/class/net: {e}")));
+            return out;
+        }
+    };
+    let chosen = select::select(&links, patterns);
+    if chosen.is_empty() {
+        return out;
+    }
+    let mut conn = match link::open() {
+        Ok(c) => c,
+        Err(e) => {
+            out.failures.push(failure(
+                "-",
+                None,
+                format!("rtnetlink in the namespace: {e}"),
+            ));
+            return out;
+        }
+    };
+    for l in chosen {
+        let (name, source) = naming::choose(l, &taken);
+        match link::move_to(&mut conn, l.ifindex, host_fd, &name) {
+            Ok(()) => {
+                taken.insert(name.clone());
+                out.moved.push(Moved {
+                    kind: "netdev",
+                    pod_name: l.name.clone(),
+                    host_name: name,
+                    source: Some(source.as_str()),
+                    bus_address: l.bus_address.clone(),
+                });
+            }
+            Err(e) => {
+                // The kernel moves first and renames in the target namespace after: a
+                // link gone from here went to the host under its own name.
+                let error = if Path::new("/sys/class/net").join(&l.name).exists() {
+                    format!("moving to the host as {name}: {e}")
+                } else {
+                    format!(
+                        "moved to the host as {}, but not renamed {name}: {e}",
+                        l.name
+                    )
+                };
+                out.failures
+                    .push(failure(&l.name, l.bus_address.clone(), error));
+            }
+        }
+    }
+    out
+}
+
+/// Moves every RDMA device bound to the thread's namespace (exclusive mode) to `host_fd`.
+fn return_rdma(out: &mut Outcome, host_fd: std::os::fd::RawFd) {
+    let mut conn = match rdma::open() {
+        Ok(Some(c)) => c,
+        Ok(None) => {
+            out.rdma_note = Some("no RDMA subsystem".into());
+            return;
+        }
+        Err(e) => {
+            out.failures
+                .push(failure("rdma", None, format!("RDMA netlink: {e}")));
+            return;
+        }
+    };
+    let devs = match rdma::bound_devices(&mut conn) {
+        Ok(rdma::Found::Devices(devs)) if !devs.is_empty() => devs,
+        Ok(rdma::Found::Devices(_)) => {
+            out.rdma_note = Some("no RDMA devices in the namespace".into());
+            return;
+        }
+        Ok(rdma::Found::Nothing(why)) => {
+            out.rdma_note = Some(why);
+            return;
+        }
+        Err(e) => {
+            out.failures
+                .push(failure("rdma", None, format!("listing RDMA devices: {e}")));
+            return;
+        }
+    };
+    for d in devs {
+        let bus = bus_of(&Path::new("/sys/class/infiniband").join(&d.name));
+        match rdma::move_to(&mut conn, d.index, host_fd) {
+            Ok(()) => out.moved.push(Moved {
+                kind: "rdma",
+                host_name: d.name.clone(),
+                pod_name: d.name,
+                source: None,
+                bus_address: bus,
+            }),
+            Err(e) => out.failures.push(failure(&d.name, bus, e)),
+        }
+    }
+}
+
+fn bus_of(sysfs_dir: &Path) -> Option<String> {
+    std::fs::read_link(sysfs_dir.join("device"))
+        .ok()
+        .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()))
+}
+
+/// DEL's (and gc's replayed DEL's) part: return the devices of the attachment `key`
+/// from `netns`, log each, and keep failures where `list` shows them. Never fails.
+pub fn at_del(ledger: &Ledger, key: &Key, netns: &str, spec: &Spec, who: &str) {
+    let out = return_devices(netns, spec);
+    for m in &out.moved {
+        crate::info!(
+            "{who} {key}: returned {} {} ({}) to the host as {}{}, down",
+            m.kind,
+            m.pod_name,
+            m.bus_address.as_deref().unwrap_or("no bus address"),
+            m.host_name,
+            m.source.map(|s| format!(" (by {s})")).unwrap_or_default()
+        );
+    }
+    if let Some(why) = &out.rdma_note {
+        crate::info!("{who} {key}: RDMA: none to return ({why})");
+    }
+    for f in &out.failures {
+        crate::error!(
+            "{who} {key}: could not return device {} ({}): {}",
+            f.device,
+            f.bus_address.as_deref().unwrap_or("no bus address"),
+            f.error
+        );
+    }
+    if out.moved.is_empty() && out.failures.is_empty() {
+        crate::info!("{who} {key}: no devices to return from {netns}");
+    }
+    if !out.failures.is_empty() {
+        if let Err(e) = note::write(ledger, key, netns, &out.failures) {
+            crate::error!("{who} {key}: cannot keep the device failures: {e:#}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn option_values() {
+        assert_eq!(parse_option(&json!(false)), Ok(None));
+        assert_eq!(parse_option(&json!(null)), Ok(None));
+        assert_eq!(parse_option(&json!(true)), Ok(Some(Spec::default())));
+        assert_eq!(
+            parse_option(&json!({"names": ["dev*", "ib?"]})),
+            Ok(Some(Spec {
+                names: vec!["dev*".into(), "ib?".into()]
+            }))
+        );
+        assert_eq!(parse_option(&json!({})), Ok(Some(Spec::default())));
+        for bad in [
+            json!("yes"),
+            json!(1),
+            json!({"names": "dev*"}),
+            json!({"names": [""]}),
+            json!({"names": [3]}),
+            json!({"nmes": []}),
+        ] {
+            assert!(parse_option(&bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn option_found_in_the_ledger_entry_of_a_chain() {
+        let list = json!({"plugins": [
+            {"type": "cni-ledger", "returnDevices": {"names": ["dev*"]}},
+            {"type": "bridge", "returnDevices": false}
+        ]});
+        assert_eq!(
+            spec_in_chain(&list, "cni-ledger"),
+            Some(Spec {
+                names: vec!["dev*".into()]
+            })
+        );
+        assert_eq!(spec_in_chain(&list, "bridge"), None);
+        assert_eq!(
+            spec_in_chain(&json!({"plugins": [{"type": "x"}]}), "x"),
+            None
+        );
+    }
+}
