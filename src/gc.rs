@@ -287,11 +287,14 @@ pub fn run(opts: &Options) -> Result<Report> {
     let mut results = results.into_inner().expect("no panics hold this lock");
     results.sort_by_key(|(i, _)| *i);
     let mut removed_any = false;
-    for (_, r) in results {
+    // Snapshots the removed records referred to: the only ones a per-network gc may sweep.
+    let mut released = HashSet::new();
+    for (i, r) in results {
         match r.action {
             "replayed" => {
                 report.summary.replayed += 1;
                 removed_any = true;
+                released.extend(candidates[i].0.snapshot.clone());
             }
             "retrying" | "skip-backoff" | "busy" => report.summary.retrying += 1,
             "failed" | "skip-failed" => report.summary.failed += 1,
@@ -310,7 +313,10 @@ pub fn run(opts: &Options) -> Result<Report> {
         s.live, s.stale, s.replayed, s.retrying, s.failed, s.would_replay, s.skipped, s.damaged
     );
     if removed_any {
-        match ledger.sweep_snapshots() {
+        // Per network (the GC verb, `--network`), other networks' snapshots are not ours
+        // to judge, not even unreferenced ones: only those our removed records used.
+        let only = opts.network.as_ref().map(|_| &released);
+        match ledger.sweep_snapshots(only) {
             Ok(n) if n > 0 => crate::info!("gc: removed {n} unreferenced snapshot(s)"),
             Ok(_) => {}
             Err(e) => crate::warn!("gc: snapshot sweep failed: {e:#}"),
@@ -452,11 +458,7 @@ fn handle(
     for o in &outcomes {
         match &o.error {
             None => crate::info!("gc: {key}: {} DEL ok", o.plugin_type),
-            Some(e) => crate::warn!(
-                "gc: {key}: {} DEL failed (exit {:?}): {e}",
-                o.plugin_type,
-                o.exit_status
-            ),
+            Some(_) => crate::warn!("gc: {key}: DEL failed: {}", failure_text(o)),
         }
     }
     if outcomes.iter().all(|o| o.ok) {
@@ -493,14 +495,7 @@ fn record_failure(
         outcomes
             .iter()
             .filter(|o| !o.ok)
-            .map(|o| match o.exit_status {
-                Some(s) => format!(
-                    "{}: {} (exit {s})",
-                    o.plugin_type,
-                    o.error.as_deref().unwrap_or("")
-                ),
-                None => format!("{}: {}", o.plugin_type, o.error.as_deref().unwrap_or("")),
-            })
+            .map(failure_text)
             .collect::<Vec<_>>()
             .join("; "),
     );
@@ -523,6 +518,21 @@ fn record_failure(
     r.config_source = source;
     r.plugins = outcomes;
     r
+}
+
+/// One failed plugin as an operator reads it: `type: message (exit N)`; a plugin that
+/// never ran or was killed has no exit status to show.
+pub fn failure_text(o: &PluginOutcome) -> String {
+    let msg = o.error.as_deref().unwrap_or("failed");
+    let who = if o.plugin_type.is_empty() {
+        String::new()
+    } else {
+        format!("{}: ", o.plugin_type)
+    };
+    match o.exit_status {
+        Some(s) => format!("{who}{msg} (exit {s})"),
+        None => format!("{who}{msg}"),
+    }
 }
 
 /// The chain to replay: the ADD-time snapshot, else libcni's cached config, else
