@@ -1,6 +1,7 @@
 //! cni-ledger: a chained CNI plugin that records every ADD durably, and a command-line
 //! tool that replays DEL for attachments whose sandboxes vanished (DESIGN.md).
 
+pub mod adopt;
 pub mod cli;
 pub mod cni;
 pub mod conflist;

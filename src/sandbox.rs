@@ -98,6 +98,11 @@ pub fn staleness(
     if record_boot != current_boot {
         return Some(Reason::BootChanged);
     }
+    // Only an adopted record can lack a path (ADD requires CNI_NETNS): with nothing to
+    // probe, the boot ID and the runtime's lists alone can say it is gone.
+    if netns.is_empty() {
+        return None;
+    }
     match probe_expecting(netns, recorded) {
         Probe::Missing => Some(Reason::NetnsMissing),
         Probe::NotNamespace => Some(Reason::NetnsNotNamespace),

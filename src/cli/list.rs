@@ -40,6 +40,9 @@ struct Row<'a> {
     next_attempt_at: Option<&'a str>,
     failed: bool,
     file: String,
+    /// `adopted` for a record made by `cni-ledger adopt`, else null.
+    source: Option<&'a str>,
+    cache_file: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -59,6 +62,9 @@ fn table_cells(row: &Row, now: i64) -> Vec<String> {
     let mut reason = row.reason.unwrap_or("-").to_string();
     if row.attempts > 0 {
         reason = format!("{reason} (gc tries: {})", row.attempts);
+    }
+    if let Some(source) = row.source {
+        reason = format!("{reason} ({source})");
     }
     vec![
         row.network.into(),
@@ -154,6 +160,8 @@ fn row<'a>(rec: &'a Record, boot: &str, path: &Path) -> Row<'a> {
         next_attempt_at: gc.and_then(|g| g.next_attempt_at.as_deref()),
         failed: gc.is_some_and(|g| g.failed),
         file: path.display().to_string(),
+        source: rec.source.as_deref(),
+        cache_file: rec.cache_file.as_deref(),
     }
 }
 
