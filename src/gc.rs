@@ -39,6 +39,8 @@ pub struct Options {
     pub max_attempts: u32,
     pub jobs: usize,
     pub retry_failed: bool,
+    /// The CRI runtime's sandbox list (`--cri-endpoint`), when it answered.
+    pub cri: Option<crate::cri::Judgement>,
 }
 
 impl Options {
@@ -57,6 +59,7 @@ impl Options {
             max_attempts: 24,
             jobs: 4,
             retry_failed: false,
+            cri: None,
         }
     }
 }
@@ -104,6 +107,17 @@ pub struct Report {
     pub summary: Summary,
     pub records: Vec<RecordReport>,
     pub damaged: Vec<DamagedReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cri: Option<CriSummary>,
+}
+
+/// Whether the CRI runtime (`--cri-endpoint`) answered, and with how many sandboxes.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CriSummary {
+    pub endpoint: String,
+    pub answered: bool,
+    pub sandboxes: Option<usize>,
 }
 
 impl Report {
@@ -180,10 +194,13 @@ pub fn judge(rec: &Record, boot: &str, opts: &Options) -> Option<Reason> {
     }
     match &opts.valid {
         Some(valid) if !valid.contains(&(rec.container_id.clone(), rec.ifname.clone())) => {
-            Some(Reason::NotValid)
+            return Some(Reason::NotValid)
         }
-        _ => None,
+        _ => {}
     }
+    let absent =
+        opts.cri.as_ref().and_then(|c| c.verdict(rec)) == Some(crate::cri::Verdict::Absent);
+    absent.then_some(Reason::NotInRuntime)
 }
 
 pub fn run(opts: &Options) -> Result<Report> {

@@ -5,6 +5,7 @@ pub mod adopt;
 pub mod cli;
 pub mod cni;
 pub mod conflist;
+pub mod cri;
 pub mod faults;
 pub mod gc;
 pub mod ledger;

@@ -74,6 +74,7 @@ pub enum Reason {
     NetnsReplaced,
     NetnsNotNamespace,
     NotValid,
+    NotInRuntime,
 }
 
 impl Reason {
@@ -84,6 +85,7 @@ impl Reason {
             Reason::NetnsReplaced => "netns-replaced",
             Reason::NetnsNotNamespace => "netns-not-namespace",
             Reason::NotValid => "not-valid",
+            Reason::NotInRuntime => "not-in-runtime",
         }
     }
 }
