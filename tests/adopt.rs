@@ -19,16 +19,26 @@ fn port_mappings(port: u16) -> Value {
     json!({"portMappings": [{"hostPort": port, "containerPort": 80, "protocol": "tcp"}]})
 }
 
-/// `[bridge+host-local, portmap]`: no ledger in the chain.
-fn fixture_without_ledger() -> Fixture {
+/// `[bridge+host-local, portmap]`: no ledger in the chain. Before the ledger is taken
+/// out, `p-led` is added with it in the chain, so it has both a record and a cache entry.
+fn fixture_without_ledger() -> (Fixture, Netns) {
     let mut f = Fixture::new();
+    let ns = Netns::new();
+    f.add(
+        "p-led",
+        "eth0",
+        Some(&ns.path_str()),
+        Some(&port_mappings(8080)),
+    )
+    .unwrap_or_else(|e| panic!("ADD p-led: {e}"));
+    assert!(f.record_path("p-led", "eth0").exists());
     let list = json!({
         "cniVersion": "1.0.0",
         "name": f.network,
         "plugins": [f.bridge_entry(), Fixture::portmap_entry()],
     });
     f.write_conflist(&list);
-    f
+    (f, ns)
 }
 
 fn add(f: &Fixture, cid: &str, ns: &Netns, port: u16) -> String {
@@ -133,7 +143,8 @@ fn tree(dir: &Path) -> Vec<(String, Vec<u8>)> {
 
 #[test]
 fn adopted_attachments_are_judged_and_replayed_from_the_cached_conflist() {
-    let f = fixture_without_ledger();
+    let (f, _ns_led) = fixture_without_ledger();
+    let led_record = fs::read(f.record_path("p-led", "eth0")).unwrap();
     let conflist = f.conflist_bytes();
     // Earlier boot, no netns cached: its namespace is gone as after a reboot.
     let mut ns_old = Netns::new();
@@ -164,12 +175,23 @@ fn adopted_attachments_are_judged_and_replayed_from_the_cached_conflist() {
     }
 
     // A dry run writes nothing.
+    let untouched = tree(&f.ledger_dir);
     let (out, rep) = adopt(&f, &["--dry-run"]);
     assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
     assert_eq!(rep["adopted"].as_array().unwrap().len(), 4, "{rep:#}");
-    assert!(!f.ledger_dir.exists() || f.record_files().is_empty());
+    assert_eq!(
+        tree(&f.ledger_dir),
+        untouched,
+        "a dry run changed the ledger"
+    );
 
     let (out, rep) = adopt(&f, &[]);
+    // The attachment recorded by ADD is never touched.
+    assert_eq!(rep["alreadyRecorded"], json!(1), "{rep:#}");
+    assert_eq!(
+        fs::read(f.record_path("p-led", "eth0")).unwrap(),
+        led_record
+    );
     // Unusable cache files are reported (exit 1), never acted on.
     assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
     let unusable: Vec<&str> = rep["unusable"]
@@ -221,7 +243,7 @@ fn adopted_attachments_are_judged_and_replayed_from_the_cached_conflist() {
     let before = tree(&f.ledger_dir);
     let (_, rep2) = adopt(&f, &[]);
     assert!(rep2["adopted"].as_array().unwrap().is_empty(), "{rep2:#}");
-    assert_eq!(rep2["alreadyRecorded"], json!(4), "{rep2:#}");
+    assert_eq!(rep2["alreadyRecorded"], json!(5), "{rep2:#}");
     assert_eq!(
         tree(&f.ledger_dir),
         before,
@@ -243,6 +265,10 @@ fn adopted_attachments_are_judged_and_replayed_from_the_cached_conflist() {
         assert!(!f.record_path(cid, "eth0").exists());
         assert!(!f.cache_result_path(cid, "eth0").exists());
     }
+    assert_eq!(
+        fs::read(f.record_path("p-led", "eth0")).unwrap(),
+        led_record
+    );
     for (cid, ip) in [("p-new", &ip_new), ("p-nslive", &ip_live)] {
         assert!(addrs.contains(ip), "{cid} lost {ip}: {addrs:?}");
         assert!(nat_lines_for(&f, cid) > 0, "{cid} lost its DNAT");
@@ -259,7 +285,8 @@ fn adopted_attachments_are_judged_and_replayed_from_the_cached_conflist() {
     let valid = f.tmp.path().join("valid.json");
     fs::write(
         &valid,
-        json!([{"containerID": "p-nslive", "ifname": "eth0"}]).to_string(),
+        json!([{"containerID": "p-nslive", "ifname": "eth0"}, {"containerID": "p-led", "ifname": "eth0"}])
+            .to_string(),
     )
     .unwrap();
     let (out, rep) = f.gc(&[
