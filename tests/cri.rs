@@ -302,6 +302,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
 impl Drop for Containerd {
     fn drop(&mut self) {
+        // A failed assertion must not leave pause processes and namespaces behind.
+        if std::thread::panicking() && self.child.is_some() {
+            if let Ok(all) = cri::list_sandboxes(&self.endpoint(), Duration::from_secs(10)) {
+                for id in all.keys() {
+                    let req = SandboxIdRequest {
+                        pod_sandbox_id: id.clone(),
+                    };
+                    let _: Result<Empty, _> = self.call(STOP, req.clone());
+                    let _: Result<Empty, _> = self.call(REMOVE, req);
+                }
+            }
+        }
         self.stop();
     }
 }
