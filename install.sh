@@ -24,6 +24,8 @@ Usage: $prog [OPTION]...
 Build cni-ledger (cargo build --release --locked, statically linked) and install it:
   - the binary as DIR/cni-ledger, replaced atomically (default DIR: $DEFAULT_BIN_DIR);
   - the ledger directory (mode 0700, root:root; existing records are kept);
+  - records for attachments libcni's cache knows and the ledger lacks
+    ('cni-ledger adopt', run once);
   - the gc schedule: with systemd running, the units $SERVICE (runs at boot)
     and $TIMER (1 min after boot, then every 5 min), enabled and the timer
     started; without systemd, the cron file $CRON_FILE (every 5 min and @reboot).
@@ -255,6 +257,19 @@ while p=$(dirname "$p"); do
 	fi
 	[ "$p" != / ] || break
 done
+
+# ---------------------------------------------------------------- adopt
+
+# Attachments made before the ledger was in the chain are known only to libcni's
+# cache: give them records once, so gc can clean them up too. Never fatal: an
+# unusable cache file (exit 1) is reported by adopt itself.
+adopt_rc=0
+"$dest" adopt --ledger-dir "$ledger_dir" --cni-path "$bin_dir" || adopt_rc=$?
+case $adopt_rc in
+0) info "adopted libcni's cached attachments (cni-ledger list shows them)" ;;
+1) warn "cni-ledger adopt reported unusable libcni cache files (see above); they were not adopted" ;;
+*) warn "cni-ledger adopt failed (exit $adopt_rc); run it by hand: $dest adopt --ledger-dir $ledger_dir" ;;
+esac
 
 # ---------------------------------------------------------------- gc schedule
 

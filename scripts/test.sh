@@ -2,7 +2,8 @@
 # scripts/test.sh: the project's single test command (see README).
 #
 # Runs as root on Debian bookworm: installs the packages the integration tests
-# use (real CNI plugins, libcni's Go source, iptables, iproute2, hyperfine),
+# use (real CNI plugins, libcni's Go source, iptables, iproute2, hyperfine,
+# containerd with gcc and libc6-dev for the static pause image of the CRI test),
 # then cargo fmt --check, clippy with -D warnings and the whole test suite.
 # Exits non-zero as soon as any stage fails.
 set -euo pipefail
@@ -32,7 +33,7 @@ done
 export PATH
 command -v cargo >/dev/null 2>&1 || die "cargo not found; install Rust >= 1.89 (https://rustup.rs)"
 
-packages=(containernetworking-plugins golang-go golang-github-appc-cni-dev iptables iproute2 hyperfine python3 util-linux)
+packages=(containernetworking-plugins golang-go golang-github-appc-cni-dev iptables iproute2 hyperfine python3 util-linux containerd gcc libc6-dev)
 missing=()
 for p in "${packages[@]}"; do
 	status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) || status=

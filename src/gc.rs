@@ -39,6 +39,8 @@ pub struct Options {
     pub max_attempts: u32,
     pub jobs: usize,
     pub retry_failed: bool,
+    /// The CRI runtime's sandbox list (`--cri-endpoint`), when it answered.
+    pub cri: Option<crate::cri::Judgement>,
 }
 
 impl Options {
@@ -57,6 +59,7 @@ impl Options {
             max_attempts: 24,
             jobs: 4,
             retry_failed: false,
+            cri: None,
         }
     }
 }
@@ -109,6 +112,17 @@ pub struct Report {
     pub summary: Summary,
     pub records: Vec<RecordReport>,
     pub damaged: Vec<DamagedReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cri: Option<CriSummary>,
+}
+
+/// Whether the CRI runtime (`--cri-endpoint`) answered, and with how many sandboxes.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CriSummary {
+    pub endpoint: String,
+    pub answered: bool,
+    pub sandboxes: Option<usize>,
 }
 
 impl Report {
@@ -188,14 +202,24 @@ pub fn judge(rec: &Record, boot: &str, opts: &Options) -> Liveness {
     }
     match &opts.valid {
         Some(valid) if !valid.contains(&(rec.container_id.clone(), rec.ifname.clone())) => {
-            Liveness {
+            return Liveness {
                 reason: Some(Reason::NotValid),
                 evidence: Evidence::ValidList,
                 verified: l.verified,
-            }
+            };
         }
-        _ => l,
+        _ => {}
     }
+    let absent =
+        opts.cri.as_ref().and_then(|c| c.verdict(rec)) == Some(crate::cri::Verdict::Absent);
+    if absent {
+        return Liveness {
+            reason: Some(Reason::NotInRuntime),
+            evidence: Evidence::Runtime,
+            verified: l.verified,
+        };
+    }
+    l
 }
 
 pub fn run(opts: &Options) -> Result<Report> {
@@ -300,11 +324,14 @@ pub fn run(opts: &Options) -> Result<Report> {
     let mut results = results.into_inner().expect("no panics hold this lock");
     results.sort_by_key(|(i, _)| *i);
     let mut removed_any = false;
-    for (_, r) in results {
+    // Snapshots the removed records referred to: the only ones a per-network gc may sweep.
+    let mut released = HashSet::new();
+    for (i, r) in results {
         match r.action {
             "replayed" => {
                 report.summary.replayed += 1;
                 removed_any = true;
+                released.extend(candidates[i].0.snapshot.clone());
             }
             "retrying" | "skip-backoff" | "busy" => report.summary.retrying += 1,
             "failed" | "skip-failed" => report.summary.failed += 1,
@@ -323,7 +350,10 @@ pub fn run(opts: &Options) -> Result<Report> {
         s.live, s.stale, s.replayed, s.retrying, s.failed, s.would_replay, s.skipped, s.damaged
     );
     if removed_any {
-        match ledger.sweep_snapshots() {
+        // Per network (the GC verb, `--network`), other networks' snapshots are not ours
+        // to judge, not even unreferenced ones: only those our removed records used.
+        let only = opts.network.as_ref().map(|_| &released);
+        match ledger.sweep_snapshots(only) {
             Ok(n) if n > 0 => crate::info!("gc: removed {n} unreferenced snapshot(s)"),
             Ok(_) => {}
             Err(e) => crate::warn!("gc: snapshot sweep failed: {e:#}"),
@@ -489,11 +519,7 @@ fn handle(
     for o in &outcomes {
         match &o.error {
             None => crate::info!("gc: {key}: {} DEL ok", o.plugin_type),
-            Some(e) => crate::warn!(
-                "gc: {key}: {} DEL failed (exit {:?}): {e}",
-                o.plugin_type,
-                o.exit_status
-            ),
+            Some(_) => crate::warn!("gc: {key}: DEL failed: {}", failure_text(o)),
         }
     }
     if outcomes.iter().all(|o| o.ok) {
@@ -533,14 +559,7 @@ fn record_failure(
         outcomes
             .iter()
             .filter(|o| !o.ok)
-            .map(|o| match o.exit_status {
-                Some(s) => format!(
-                    "{}: {} (exit {s})",
-                    o.plugin_type,
-                    o.error.as_deref().unwrap_or("")
-                ),
-                None => format!("{}: {}", o.plugin_type, o.error.as_deref().unwrap_or("")),
-            })
+            .map(failure_text)
             .collect::<Vec<_>>()
             .join("; "),
     );
@@ -563,6 +582,21 @@ fn record_failure(
     r.config_source = source;
     r.plugins = outcomes;
     r
+}
+
+/// One failed plugin as an operator reads it: `type: message (exit N)`; a plugin that
+/// never ran or was killed has no exit status to show.
+pub fn failure_text(o: &PluginOutcome) -> String {
+    let msg = o.error.as_deref().unwrap_or("failed");
+    let who = if o.plugin_type.is_empty() {
+        String::new()
+    } else {
+        format!("{}: ", o.plugin_type)
+    };
+    match o.exit_status {
+        Some(s) => format!("{who}{msg} (exit {s})"),
+        None => format!("{who}{msg}"),
+    }
 }
 
 /// The chain to replay: the ADD-time snapshot, else libcni's cached config, else

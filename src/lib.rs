@@ -1,9 +1,11 @@
 //! cni-ledger: a chained CNI plugin that records every ADD durably, and a command-line
 //! tool that replays DEL for attachments whose sandboxes vanished (DESIGN.md).
 
+pub mod adopt;
 pub mod cli;
 pub mod cni;
 pub mod conflist;
+pub mod cri;
 pub mod devices;
 pub mod faults;
 pub mod gc;

@@ -1,5 +1,7 @@
 //! libcni's result cache (`<cacheDir>/results/<net>-<cid>-<ifname>`, kind `cniCacheV1`):
-//! the source of `prevResult` for a replayed DEL and a fallback for the config.
+//! the source of `prevResult` for a replayed DEL, a fallback for the config, and what
+//! `adopt` makes records from. libcni writes these files without fsync, so an empty or
+//! cut-off one is expected after a crash and is never acted on.
 
 use crate::ledger::Key;
 use serde::Deserialize;
@@ -23,6 +25,119 @@ struct CacheFile {
     result: Option<Value>,
     #[serde(default)]
     capability_args: Option<Map<String, Value>>,
+    #[serde(default)]
+    container_id: String,
+    #[serde(default)]
+    if_name: String,
+    #[serde(default)]
+    network_name: String,
+    /// Written from libcni 1.2 on.
+    #[serde(default)]
+    netns: String,
+    #[serde(default)]
+    cni_args: Option<Vec<[String; 2]>>,
+}
+
+/// One whole cache entry, as `adopt` needs it.
+#[derive(Debug, Clone)]
+pub struct CacheEntry {
+    pub path: PathBuf,
+    pub network: String,
+    pub container_id: String,
+    pub ifname: String,
+    /// Empty before libcni 1.2.
+    pub netns: String,
+    /// `K=V;K2=V2`, as libcni passes `CNI_ARGS`.
+    pub cni_args: String,
+    pub capability_args: Map<String, Value>,
+    /// The conflist's exact bytes, as libcni loaded them.
+    pub config_bytes: Vec<u8>,
+    pub cni_version: String,
+    /// Unix seconds of the file's last write: when libcni finished the ADD.
+    pub written_at: i64,
+}
+
+/// Why a cache file cannot be used (it is reported and never acted on).
+pub type Unusable = String;
+
+/// Every file in `<cache_dir>/results`, sorted; empty when there is no such directory.
+pub fn result_files(cache_dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let dir = cache_dir.join("results");
+    let mut out = Vec::new();
+    match std::fs::read_dir(&dir) {
+        Ok(rd) => {
+            for item in rd {
+                let item = item?;
+                if item.file_type().is_ok_and(|t| t.is_file()) {
+                    out.push(item.path());
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Reads and checks one cache file completely: an empty, cut-off, foreign or
+/// misnamed file, or one whose names would not pass the plugin's own checks, is
+/// Err(why).
+pub fn read_entry(path: &Path) -> Result<CacheEntry, Unusable> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(path).map_err(|e| format!("unreadable: {e}"))?;
+    let bytes = crate::ledger::fsio::read_nofollow(path, 4 << 20)
+        .map_err(|e| format!("unreadable: {e}"))?;
+    if bytes.is_empty() {
+        return Err("empty (zero-length; libcni writes without fsync)".into());
+    }
+    let file: CacheFile =
+        serde_json::from_slice(&bytes).map_err(|e| format!("undecodable: {e}"))?;
+    if file.kind != "cniCacheV1" {
+        return Err(format!("unknown kind {}", file.kind));
+    }
+    let env = crate::cni::env::is_valid_name;
+    if !env(&file.network_name) || !env(&file.container_id) {
+        return Err("invalid or missing networkName or containerId".into());
+    }
+    crate::cni::env::validate_ifname(&file.if_name)
+        .map_err(|_| "invalid or missing ifName".to_string())?;
+    let expected = format!(
+        "{}-{}-{}",
+        file.network_name, file.container_id, file.if_name
+    );
+    if path.file_name().and_then(|n| n.to_str()) != Some(expected.as_str()) {
+        return Err(format!("misnamed: holds the entry of {expected}"));
+    }
+    let config_bytes = file
+        .config
+        .as_deref()
+        .and_then(base64_decode)
+        .ok_or("no decodable config")?;
+    let list = crate::conflist::parse(&config_bytes).ok_or("config is not a conflist")?;
+    let cni_version = list
+        .get("cniVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    Ok(CacheEntry {
+        path: path.to_path_buf(),
+        network: file.network_name,
+        container_id: file.container_id,
+        ifname: file.if_name,
+        netns: file.netns,
+        cni_args: file
+            .cni_args
+            .unwrap_or_default()
+            .iter()
+            .map(|[k, v]| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(";"),
+        capability_args: file.capability_args.unwrap_or_default(),
+        config_bytes,
+        cni_version,
+        written_at: meta.mtime(),
+    })
 }
 
 impl CachedAttachment {
@@ -114,6 +229,33 @@ fn base64_decode(s: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unusable_cache_files_are_told_apart() {
+        let dir = std::env::temp_dir().join(format!("cl-cache-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |name: &str, bytes: &[u8]| {
+            let p = dir.join(name);
+            std::fs::write(&p, bytes).unwrap();
+            p
+        };
+        let good = br#"{"kind":"cniCacheV1","containerId":"c1","ifName":"eth0","networkName":"pods","config":"eyJjbmlWZXJzaW9uIjoiMS4wLjAiLCJuYW1lIjoicG9kcyIsInBsdWdpbnMiOltdfQ==","cniArgs":[["K8S_POD_NAME","p"],["IgnoreUnknown","1"]],"netns":"/run/netns/x"}"#;
+        let e = read_entry(&write("pods-c1-eth0", good)).unwrap();
+        assert_eq!(e.cni_args, "K8S_POD_NAME=p;IgnoreUnknown=1");
+        assert_eq!(e.cni_version, "1.0.0");
+        assert_eq!(e.netns, "/run/netns/x");
+        assert_eq!(
+            e.config_bytes,
+            br#"{"cniVersion":"1.0.0","name":"pods","plugins":[]}"#
+        );
+        let why = |name: &str, bytes: &[u8]| read_entry(&write(name, bytes)).unwrap_err();
+        assert!(why("pods-e-eth0", b"").starts_with("empty"));
+        assert!(why("pods-g-eth0", &good[..40]).starts_with("undecodable"));
+        assert!(why("pods-other-eth0", good).starts_with("misnamed"));
+        let bad_id = String::from_utf8_lossy(good).replace(r#""c1""#, r#""../x""#);
+        assert!(why("pods-x-eth0", bad_id.as_bytes()).starts_with("invalid"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn decodes_base64() {

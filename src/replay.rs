@@ -106,7 +106,7 @@ pub fn find_plugin(plugin_type: &str, dirs: &[PathBuf]) -> Result<PathBuf, (Stri
         && !plugin_type.contains(['/', '\0']);
     if !bare {
         return Err((
-            format!("refusing plugin type {plugin_type:?}: not a bare name"),
+            format!("refusing plugin type \"{plugin_type}\": not a bare name"),
             None,
         ));
     }
@@ -119,7 +119,12 @@ pub fn find_plugin(plugin_type: &str, dirs: &[PathBuf]) -> Result<PathBuf, (Stri
         }
     }
     Err((
-        format!("plugin {plugin_type:?} not found in CNI_PATH {dirs:?}"),
+        format!(
+            "plugin {plugin_type} not found in CNI_PATH {}",
+            std::env::join_paths(dirs)
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        ),
         None,
     ))
 }

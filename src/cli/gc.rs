@@ -53,7 +53,17 @@ pub struct Args {
     /// Append log lines here instead of stderr.
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
+    /// Ask this CRI runtime (unix:///PATH) which pod sandboxes exist: records of the
+    /// --cri-network networks whose container ID is none of them are stale.
+    #[arg(long, value_name = "unix:///PATH", requires = "cri_network")]
+    cri_endpoint: Option<String>,
+    /// A network the CRI runtime serves (repeatable).
+    #[arg(long, value_name = "NAME", requires = "cri_endpoint")]
+    cri_network: Vec<String>,
 }
+
+/// How long the CRI runtime has to answer ListPodSandbox.
+pub const CRI_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn read_valid(path: &PathBuf) -> Result<HashSet<(String, String)>> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
@@ -87,7 +97,20 @@ pub fn run(args: Args) -> Result<i32> {
     opts.cni_path = args.cni_path.map(|p| std::env::split_paths(&p).collect());
     opts.max_attempts = args.max_attempts.max(1);
     opts.jobs = args.jobs.max(1);
-    let report = gc::run(&opts)?;
+    // The runtime's list is fetched before the scan, so a record is never judged by a
+    // list older than itself (and records made since are not judged by it at all).
+    let mut cri = None;
+    if let Some(endpoint) = &args.cri_endpoint {
+        crate::cri::socket_path(endpoint)?;
+        opts.cri = crate::cri::judgement(endpoint, &args.cri_network, CRI_TIMEOUT);
+        cri = Some(gc::CriSummary {
+            endpoint: endpoint.clone(),
+            answered: opts.cri.is_some(),
+            sandboxes: opts.cri.as_ref().map(|j| j.sandboxes.len()),
+        });
+    }
+    let mut report = gc::run(&opts)?;
+    report.cri = cri;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -115,6 +138,15 @@ fn print_human(r: &Report) {
         s.live,
         s.damaged
     );
+    if let Some(c) = &r.cri {
+        match c.sandboxes {
+            Some(n) => println!("cri: {} lists {n} pod sandbox(es)", c.endpoint),
+            None => println!(
+                "cri: {} did not answer; nothing judged by it this run",
+                c.endpoint
+            ),
+        }
+    }
     if !r.records.is_empty() {
         let rows: Vec<Vec<String>> = r
             .records

@@ -20,6 +20,12 @@ pub struct Args {
     json: bool,
     #[arg(long, default_value_os_t = super::ledger_dir_default())]
     ledger_dir: PathBuf,
+    /// Also show what this CRI runtime (unix:///PATH) says of each sandbox.
+    #[arg(long, value_name = "unix:///PATH", requires = "cri_network")]
+    cri_endpoint: Option<String>,
+    /// A network the CRI runtime serves (repeatable).
+    #[arg(long, value_name = "NAME", requires = "cri_endpoint")]
+    cri_network: Vec<String>,
 }
 
 #[derive(Serialize)]
@@ -44,6 +50,12 @@ struct Row<'a> {
     next_attempt_at: Option<&'a str>,
     failed: bool,
     file: String,
+    /// `adopted` for a record made by `cni-ledger adopt`, else null.
+    source: Option<&'a str>,
+    cache_file: Option<&'a str>,
+    /// With --cri-endpoint: `ready`, `notready` or `absent` for the runtime's networks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    runtime_state: Option<&'static str>,
 }
 
 #[derive(Serialize)]
@@ -63,6 +75,12 @@ fn table_cells(row: &Row, now: i64) -> Vec<String> {
     let mut reason = row.reason.unwrap_or("-").to_string();
     if row.attempts > 0 {
         reason = format!("{reason} (gc tries: {})", row.attempts);
+    }
+    if let Some(state) = row.runtime_state {
+        reason = format!("{reason} (runtime: {state})");
+    }
+    if let Some(source) = row.source {
+        reason = format!("{reason} ({source})");
     }
     vec![
         row.network.into(),
@@ -139,8 +157,18 @@ impl JsonArray {
     }
 }
 
-fn row<'a>(rec: &'a Record, boot: &str, path: &Path) -> Row<'a> {
-    let l = sandbox::liveness(&rec.boot_id, &rec.netns, rec.netns_id, boot);
+fn row<'a>(
+    rec: &'a Record,
+    boot: &str,
+    path: &Path,
+    cri: Option<&crate::cri::Judgement>,
+) -> Row<'a> {
+    let verdict = cri.and_then(|c| c.verdict(rec));
+    let mut l = sandbox::liveness(&rec.boot_id, &rec.netns, rec.netns_id, boot);
+    if l.reason.is_none() && verdict == Some(crate::cri::Verdict::Absent) {
+        l.reason = Some(sandbox::Reason::NotInRuntime);
+        l.evidence = sandbox::Evidence::Runtime;
+    }
     let reason = l.reason;
     let gc = rec.gc.as_ref();
     Row {
@@ -161,6 +189,9 @@ fn row<'a>(rec: &'a Record, boot: &str, path: &Path) -> Row<'a> {
         next_attempt_at: gc.and_then(|g| g.next_attempt_at.as_deref()),
         failed: gc.is_some_and(|g| g.failed),
         file: path.display().to_string(),
+        source: rec.source.as_deref(),
+        cache_file: rec.cache_file.as_deref(),
+        runtime_state: verdict.map(|v| v.as_str()),
     }
 }
 
@@ -175,6 +206,17 @@ struct Scan {
 pub fn run(args: Args) -> Result<i32> {
     let ledger = Ledger::at(&args.ledger_dir);
     let boot = sandbox::boot_id()?;
+    let cri = match &args.cri_endpoint {
+        Some(endpoint) => {
+            crate::cri::socket_path(endpoint)?;
+            let j = crate::cri::judgement(endpoint, &args.cri_network, super::gc::CRI_TIMEOUT);
+            if j.is_none() {
+                eprintln!("cni-ledger: {endpoint} did not answer; runtime state not shown");
+            }
+            j
+        }
+        None => None,
+    };
     let now = crate::time::now();
     let json = Mutex::new(JsonArray {
         out: std::io::BufWriter::new(std::io::stdout()),
@@ -185,7 +227,7 @@ pub fn run(args: Args) -> Result<i32> {
         Scan::default,
         |acc, e| match e.decoded {
             Decoded::Ok(rec) => {
-                let r = row(&rec, &boot, &e.path);
+                let r = row(&rec, &boot, &e.path, cri.as_ref());
                 if args.json {
                     let pushed = serde_json::to_vec_pretty(&r)
                         .map_err(std::io::Error::from)

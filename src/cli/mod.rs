@@ -1,5 +1,6 @@
 //! The command-line face: selected when `CNI_COMMAND` is not set.
 
+mod adopt;
 mod gc;
 mod inject;
 mod list;
@@ -29,6 +30,8 @@ enum Cmd {
     Inject(inject::Args),
     /// Check every record and snapshot; exit 1 on any damage. Changes nothing.
     Verify(verify::Args),
+    /// Make records for attachments in libcni's cache that the ledger lacks.
+    Adopt(adopt::Args),
 }
 
 pub fn ledger_dir_default() -> PathBuf {
@@ -52,6 +55,7 @@ pub fn main() -> i32 {
         Cmd::Gc(a) => gc::run(a),
         Cmd::Inject(a) => inject::run(a),
         Cmd::Verify(a) => verify::run(a),
+        Cmd::Adopt(a) => adopt::run(a),
     };
     match result {
         Ok(code) => code,

@@ -58,9 +58,9 @@ pub struct NetConf {
     pub runtime_config: Map<String, Value>,
     pub prev_result: Option<Value>,
     pub lock_timeout_ms: u64,
-    /// Grace period of the CNI GC verb: younger records may belong to ADDs the runtime's
-    /// valid list predates.
-    pub gc_grace_secs: u64,
+    /// Grace period of the CNI GC verb, only when set: the runtime guarantees that no
+    /// ADD or DEL runs during GC, so by default its valid list is the whole truth.
+    pub gc_grace_secs: Option<u64>,
     /// `returnDevices`: None when off, and then DEL does no device work at all.
     pub return_devices: Option<crate::devices::Spec>,
     /// The whole stdin document, for commands (GC) that read more keys.
@@ -121,7 +121,7 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
         runtime_config: raw.runtime_config,
         prev_result: raw.prev_result,
         lock_timeout_ms: raw.lock_timeout_ms.unwrap_or(5000),
-        gc_grace_secs: raw.gc_grace_secs.unwrap_or(60),
+        gc_grace_secs: raw.gc_grace_secs,
         return_devices,
         raw: value,
     })

@@ -29,9 +29,11 @@ impl CniError {
         }
     }
 
-    /// For an internal failure: the message is the outermost context, details the chain.
+    /// For an internal failure: the message is the outermost context, details the
+    /// causes under it (each named once, not the message again).
     pub fn from_anyhow(code: u32, err: &anyhow::Error) -> Self {
-        CniError::new(code, err.to_string(), format!("{err:#}"))
+        let causes: Vec<String> = err.chain().skip(1).map(|c| c.to_string()).collect();
+        CniError::new(code, err.to_string(), causes.join(": "))
     }
 
     pub fn to_json(&self, cni_version: &str) -> serde_json::Value {
@@ -58,3 +60,22 @@ impl std::fmt::Display for CniError {
 }
 
 impl std::error::Error for CniError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anyhow_chain_names_each_context_once() {
+        let e = anyhow::anyhow!("Permission denied").context("creating /var/lib/x");
+        let c = CniError::from_anyhow(IO_FAILURE, &e);
+        assert_eq!(c.msg, "creating /var/lib/x");
+        assert_eq!(c.details, "Permission denied");
+        assert_eq!(
+            c.to_string(),
+            "CNI error 5: creating /var/lib/x (Permission denied)"
+        );
+        let bare = CniError::from_anyhow(IO_FAILURE, &anyhow::anyhow!("disk full"));
+        assert_eq!(bare.to_string(), "CNI error 5: disk full");
+    }
+}

@@ -374,9 +374,13 @@ impl Ledger {
         Ok(out)
     }
 
-    /// Removes snapshots no record refers to. Skipped (Ok(0)) while any ADD holds the
-    /// shared guard, so an ADD never refers to a snapshot that was just deleted.
-    pub fn sweep_snapshots(&self) -> Result<usize> {
+    /// Removes snapshots no record refers to, of all of them or `only` of these. Skipped
+    /// (Ok(0)) while any ADD holds the shared guard, so an ADD never refers to a
+    /// snapshot that was just deleted.
+    pub fn sweep_snapshots(
+        &self,
+        only: Option<&std::collections::HashSet<String>>,
+    ) -> Result<usize> {
         let guard_path = self.locks_dir().join(".snapshots");
         let Some(_guard) = SnapshotGuard::try_exclusive(&guard_path)? else {
             return Ok(0);
@@ -391,7 +395,8 @@ impl Ledger {
         })?;
         let mut removed = 0;
         for hash in self.snapshot_hashes()? {
-            if !used.contains(&hash)
+            if only.is_none_or(|o| o.contains(&hash))
+                && !used.contains(&hash)
                 && fsio::remove_durable(&self.snapshots_dir(), &format!("{hash}.json"))?
             {
                 removed += 1;
@@ -549,7 +554,11 @@ mod tests {
         assert_eq!(l.remove_orphan_temps(), 1);
         assert!(!dead.exists() && alive.exists());
         std::fs::remove_file(&alive).unwrap();
-        assert_eq!(l.sweep_snapshots().unwrap(), 1);
+        // A sweep limited to other snapshots leaves the unused one alone.
+        let elsewhere = std::collections::HashSet::from([h.clone()]);
+        assert_eq!(l.sweep_snapshots(Some(&elsewhere)).unwrap(), 0);
+        assert!(l.get_snapshot(&unused).unwrap().is_some());
+        assert_eq!(l.sweep_snapshots(None).unwrap(), 1);
         assert!(l.get_snapshot(&unused).unwrap().is_none());
         assert!(l.get_snapshot(&h).unwrap().is_some());
         std::fs::remove_dir_all(l.root()).unwrap();

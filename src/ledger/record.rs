@@ -76,6 +76,12 @@ pub struct Record {
     pub add_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gc: Option<GcState>,
+    /// `adopted` for a record `cni-ledger adopt` made from libcni's cache; none for ADD's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// The libcni cache file an adopted record came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_file: Option<String>,
 }
 
 impl Record {
@@ -171,6 +177,8 @@ pub(crate) fn sample() -> Record {
         created_at: "2026-12-02T17:41:33Z".into(),
         add_id: "00".into(),
         gc: None,
+        source: None,
+        cache_file: None,
     }
 }
 

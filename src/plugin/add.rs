@@ -117,6 +117,8 @@ fn record(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
         created_at: crate::time::rfc3339(now),
         add_id: add_id(),
         gc: None,
+        source: None,
+        cache_file: None,
     };
     ledger.write(&rec).map_err(ledger_error)?;
     drop(guard);

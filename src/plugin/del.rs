@@ -18,17 +18,43 @@ fn key(conf: &NetConf, args: &CmdArgs) -> Key {
 
 pub fn del(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
     let ledger = Ledger::at(&conf.ledger_dir);
-    if !ledger.records_dir().is_dir() {
-        return Ok(()); // nothing was ever recorded here
-    }
     let key = key(conf, args);
+    match std::fs::metadata(ledger.records_dir()) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            unreachable_ledger(&key, &ledger, "records is not a directory");
+            return Ok(());
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            crate::info!(
+                "DEL {key}: no ledger at {}; nothing was recorded there",
+                ledger.root().display()
+            );
+            return Ok(());
+        }
+        Err(e) => {
+            unreachable_ledger(&key, &ledger, &e.to_string());
+            return Ok(());
+        }
+    }
     let stem = key.stem();
     let wait = Wait::Upto(Duration::from_millis(conf.lock_timeout_ms));
-    let lock = ledger
-        .lock(&stem, wait)
-        .map_err(ledger_error)?
-        .ok_or_else(|| busy(&key))?;
-    match ledger.read(&stem).map_err(ledger_error)? {
+    let lock = match ledger.lock(&stem, wait) {
+        Ok(Some(lock)) => lock,
+        Ok(None) => return Err(busy(&key)),
+        Err(e) => {
+            unreachable_ledger(&key, &ledger, &format!("{e:#}"));
+            return Ok(());
+        }
+    };
+    let found = match ledger.read(&stem) {
+        Ok(found) => found,
+        Err(e) => {
+            unreachable_ledger(&key, &ledger, &format!("{e:#}"));
+            return Ok(());
+        }
+    };
+    match found {
         None => {}
         Some(Decoded::Ok(rec)) => {
             // Before the record goes: devices a driver moved into the pod come back
@@ -38,23 +64,33 @@ pub fn del(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
                     crate::devices::at_del(&ledger, &key, &netns, spec, "DEL");
                 }
             }
-            ledger.remove(&stem).map_err(ledger_error)?;
-            crate::info!("DEL {key}: record removed");
+            match ledger.remove(&stem) {
+                Ok(_) => crate::info!("DEL {key}: record removed"),
+                Err(e) => {
+                    unreachable_ledger(&key, &ledger, &format!("{e:#}"));
+                    return Ok(());
+                }
+            }
         }
-        Some(Decoded::Newer(_)) => {
-            ledger.remove(&stem).map_err(ledger_error)?;
-            crate::info!("DEL {key}: record removed");
-        }
+        Some(Decoded::Newer(_)) => match ledger.remove(&stem) {
+            Ok(_) => crate::info!("DEL {key}: record removed"),
+            Err(e) => {
+                unreachable_ledger(&key, &ledger, &format!("{e:#}"));
+                return Ok(());
+            }
+        },
         Some(Decoded::Damaged(reason, detail)) => {
             // The runtime tore the attachment down, but a damaged file is never dropped
             // unseen: it goes to quarantine for an operator to look at.
-            let to = ledger
-                .quarantine(&ledger.record_path(&stem))
-                .map_err(ledger_error)?;
-            crate::warn!(
-                "DEL {key}: record was damaged ({reason}: {detail}); quarantined to {}",
-                to.display()
-            );
+            match ledger.quarantine(&ledger.record_path(&stem)) {
+                Ok(to) => crate::warn!(
+                    "DEL {key}: record was damaged ({reason}: {detail}); quarantined to {}",
+                    to.display()
+                ),
+                Err(e) => crate::error!(
+                    "DEL {key}: record is damaged ({reason}: {detail}) and cannot be quarantined: {e:#}"
+                ),
+            }
         }
     }
     lock.release_and_remove();
@@ -62,14 +98,24 @@ pub fn del(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
 }
 
 /// The namespace to take devices from: CNI_NETNS, only when it is the recorded path and
-/// that path still is the recorded namespace in this boot (gc's rule), so devices are
-/// never taken out of some other namespace.
+/// its cookie still proves it the recorded namespace (gc's rule), so devices are never
+/// taken out of some other namespace.
 fn devices_netns(rec: &crate::ledger::Record, cni_netns: &str) -> Option<String> {
     if cni_netns.is_empty() || cni_netns != rec.netns {
         return None;
     }
     let boot = crate::sandbox::boot_id().ok()?;
     crate::sandbox::replay_netns(&rec.boot_id, &rec.netns, rec.netns_id, &boot)
+}
+
+/// The plugins before us have torn the attachment down; failing DEL now would only make
+/// the runtime retry a DEL that already happened. The record (if any) stays, and gc
+/// replays a DEL for it later, which is harmless: DEL is idempotent.
+fn unreachable_ledger(key: &Key, ledger: &Ledger, why: &str) {
+    crate::error!(
+        "DEL {key}: cannot reach the ledger at {} ({why}); DEL succeeds, the record (if any) is left for cni-ledger gc",
+        ledger.root().display()
+    );
 }
 
 pub fn check(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {

@@ -1,18 +1,17 @@
 //! CNI 1.1 GC: the runtime names the attachments that are still valid for this network;
 //! every other record of the network is stale and its DEL is replayed.
+//!
+//! As the spec asks of GC, a replay that fails does not stop the others: the verb
+//! removes what it can and then reports, as a CNI error, every attachment it could not
+//! clean; their records stay for the next GC or `cni-ledger gc`.
 
 use crate::cni::config::NetConf;
 use crate::cni::error::{self, CniError};
-use crate::gc;
+use crate::gc::{self, RecordReport, Report};
+use serde_json::Value;
 
 pub fn gc(conf: &NetConf) -> Result<(), CniError> {
-    let list = conf
-        .raw
-        .get("cni.dev/valid-attachments")
-        .or_else(|| conf.raw.get("cni.dev/attachments"))
-        .cloned()
-        .unwrap_or_else(|| serde_json::json!([]));
-    let valid = gc::valid_set(list).map_err(|e| {
+    let valid = gc::valid_set(valid_list(&conf.raw)).map_err(|e| {
         CniError::new(
             error::INVALID_NETWORK_CONFIG,
             "invalid cni.dev/valid-attachments",
@@ -23,7 +22,11 @@ pub fn gc(conf: &NetConf) -> Result<(), CniError> {
     opts.network = Some(conf.name.clone());
     opts.valid = Some(valid);
     opts.conf_dir = conf.conf_dir.clone();
-    opts.grace_secs = conf.gc_grace_secs as i64;
+    // No ADD or DEL runs during GC (the runtime guarantees it), so the valid list is
+    // complete: no grace unless the operator asked for one.
+    opts.grace_secs = conf.gc_grace_secs.unwrap_or(0) as i64;
+    // The runtime asked now; a record waiting out its backoff is tried again.
+    opts.ignore_backoff = true;
     let report = gc::run(&opts).map_err(|e| CniError::from_anyhow(error::IO_FAILURE, &e))?;
     crate::info!(
         "GC {}: {} stale, {} replayed, {} retrying, {} failed",
@@ -33,5 +36,143 @@ pub fn gc(conf: &NetConf) -> Result<(), CniError> {
         report.summary.retrying,
         report.summary.failed
     );
-    Ok(())
+    match not_cleaned(&conf.name, &report) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Stale records the verb left behind: the error the runtime gets, each attachment
+/// named once with why it is still there. Records in a grace period the operator set
+/// are not judged yet and are no failure.
+fn not_cleaned(network: &str, report: &Report) -> Option<CniError> {
+    let left: Vec<String> = report.records.iter().filter_map(why_left).collect();
+    if left.is_empty() {
+        return None;
+    }
+    Some(CniError::new(
+        error::TRY_AGAIN_LATER,
+        format!(
+            "GC of network {network} could not clean {} attachment(s); their records are kept for retry",
+            left.len()
+        ),
+        left.join("; "),
+    ))
+}
+
+fn why_left(r: &RecordReport) -> Option<String> {
+    let why = match r.action {
+        "retrying" | "failed" => r
+            .plugins
+            .iter()
+            .filter(|p| !p.ok)
+            .map(gc::failure_text)
+            .collect::<Vec<_>>()
+            .join(", "),
+        "skip-failed" => format!(
+            "given up after {} attempts, left for an operator (last: {})",
+            r.attempts,
+            r.last_error.as_deref().unwrap_or("unknown")
+        ),
+        "busy" => "busy: another cni-ledger gc holds it".to_string(),
+        "skip-backoff" => "waiting out its backoff".to_string(),
+        _ => return None,
+    };
+    let why = if r.action == "failed" {
+        format!("{why}; given up after {} attempts", r.attempts)
+    } else {
+        why
+    };
+    Some(format!("{}/{}: {why}", r.container_id, r.ifname))
+}
+
+/// The list a GC stdin carries: `cni.dev/valid-attachments`, else the spec's first name
+/// for it, `cni.dev/attachments` (libcni sends both since the names were harmonised).
+fn valid_list(stdin: &Value) -> Value {
+    stdin
+        .get("cni.dev/valid-attachments")
+        .or_else(|| stdin.get("cni.dev/attachments"))
+        .cloned()
+        // Go marshals an empty (nil) slice as null: libcni sends that for "none valid".
+        .filter(|v| !v.is_null())
+        .unwrap_or_else(|| serde_json::json!([]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replay::PluginOutcome;
+
+    fn rec(cid: &str, action: &'static str, plugins: Vec<PluginOutcome>) -> RecordReport {
+        RecordReport {
+            network: "pods".into(),
+            container_id: cid.into(),
+            ifname: "eth0".into(),
+            reason: "not-valid",
+            identity: "valid-list",
+            action,
+            replay_netns: None,
+            config_source: Some("snapshot"),
+            plugins,
+            attempts: 1,
+            last_error: None,
+            next_attempt_at: None,
+        }
+    }
+
+    #[test]
+    fn error_names_each_uncleaned_attachment_once() {
+        let failing = PluginOutcome {
+            plugin_type: "cl-probe".into(),
+            ok: false,
+            error: Some("cl-probe refuses DEL".into()),
+            exit_status: Some(1),
+        };
+        let ok = PluginOutcome {
+            plugin_type: "bridge".into(),
+            ok: true,
+            error: None,
+            exit_status: Some(0),
+        };
+        let report = Report {
+            records: vec![
+                rec("a", "replayed", vec![ok.clone()]),
+                rec("b", "retrying", vec![failing, ok]),
+                rec("c", "skip-grace", vec![]),
+                rec("d", "busy", vec![]),
+            ],
+            ..Report::default()
+        };
+        let e = not_cleaned("pods", &report).unwrap();
+        assert_eq!(e.code, error::TRY_AGAIN_LATER);
+        assert!(
+            e.msg.contains("could not clean 2 attachment(s)"),
+            "{}",
+            e.msg
+        );
+        assert_eq!(
+            e.details,
+            "b/eth0: cl-probe: cl-probe refuses DEL (exit 1); d/eth0: busy: another cni-ledger gc holds it"
+        );
+        let clean = Report {
+            records: vec![rec("a", "replayed", vec![])],
+            ..Report::default()
+        };
+        assert!(not_cleaned("pods", &clean).is_none());
+    }
+
+    #[test]
+    fn null_list_is_empty_and_the_older_key_is_read() {
+        use serde_json::json;
+        let one = json!([{"containerID": "a", "ifname": "eth0"}]);
+        assert_eq!(
+            valid_list(&json!({"cni.dev/valid-attachments": null})),
+            json!([])
+        );
+        assert_eq!(valid_list(&json!({"cni.dev/attachments": one})), one);
+        assert_eq!(
+            valid_list(&json!({"cni.dev/valid-attachments": one, "cni.dev/attachments": []})),
+            one
+        );
+    }
 }

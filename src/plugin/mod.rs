@@ -83,9 +83,9 @@ fn run(cni_version: &mut String) -> Result<Option<Value>, CniError> {
             error::INCOMPATIBLE_VERSION,
             "incompatible CNI versions",
             format!(
-                "config is \"{}\", plugin supports {:?}",
+                "config is \"{}\", plugin supports {}",
                 conf.cni_version,
-                version::SUPPORTED
+                version::SUPPORTED.join(", ")
             ),
         ));
     }

@@ -106,6 +106,7 @@ pub enum Reason {
     NetnsReplaced,
     NetnsNotNamespace,
     NotValid,
+    NotInRuntime,
 }
 
 impl Reason {
@@ -116,6 +117,7 @@ impl Reason {
             Reason::NetnsReplaced => "netns-replaced",
             Reason::NetnsNotNamespace => "netns-not-namespace",
             Reason::NotValid => "not-valid",
+            Reason::NotInRuntime => "not-in-runtime",
         }
     }
 }
@@ -141,6 +143,8 @@ pub enum Evidence {
     Unreadable,
     /// The runtime's valid list does not name the attachment.
     ValidList,
+    /// The CRI runtime has no such pod sandbox.
+    Runtime,
 }
 
 impl Evidence {
@@ -154,6 +158,7 @@ impl Evidence {
             Evidence::Cookie => "cookie",
             Evidence::Unreadable => "unreadable",
             Evidence::ValidList => "valid-list",
+            Evidence::Runtime => "runtime",
         }
     }
 }
@@ -196,8 +201,10 @@ pub fn liveness(
     if record_boot != current_boot {
         return Liveness::stale(Reason::BootChanged, Evidence::BootId);
     }
+    // Only an adopted record can lack a path (ADD requires CNI_NETNS): with nothing to
+    // probe, the boot ID and the runtime's lists alone can say it is gone.
     if netns.is_empty() {
-        return Liveness::stale(Reason::NetnsMissing, Evidence::Path);
+        return Liveness::live(Evidence::BootId);
     }
     // stat first: whatever is not the recorded nsfs file is judged without opening it.
     let meta = match std::fs::metadata(netns) {
@@ -353,7 +360,11 @@ mod tests {
             reason("b", "/nonexistent/netns", None),
             Some(Reason::NetnsMissing)
         );
-        assert_eq!(reason("b", "", None), Some(Reason::NetnsMissing));
+        assert_eq!(
+            reason("b", "", None),
+            None,
+            "no path: judged by boot and runtime"
+        );
         assert_eq!(
             reason("b", "/proc/self/status", None),
             Some(Reason::NetnsNotNamespace)

@@ -1,0 +1,303 @@
+//! `cni-ledger adopt` (issue 9): attachments made through libcni with the ledger *not*
+//! in the chain (bridge + host-local + portmap with a host port) get records from
+//! libcni's result cache, and gc then releases what is stale and nothing else. Debian's
+//! libcni 1.1.2 writes no `netns` into its cache; the libcni 1.2 layout is made by adding
+//! that field to a real cache file, as libcni 1.2's cacheAdd writes it. Needs root.
+//!
+//!     cargo test --features testing --test adopt
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::*;
+use serde_json::{json, Value};
+
+fn port_mappings(port: u16) -> Value {
+    json!({"portMappings": [{"hostPort": port, "containerPort": 80, "protocol": "tcp"}]})
+}
+
+/// `[bridge+host-local, portmap]`: no ledger in the chain. Before the ledger is taken
+/// out, `p-led` is added with it in the chain, so it has both a record and a cache entry.
+fn fixture_without_ledger() -> (Fixture, Netns) {
+    let mut f = Fixture::new();
+    let ns = Netns::new();
+    f.add(
+        "p-led",
+        "eth0",
+        Some(&ns.path_str()),
+        Some(&port_mappings(8080)),
+    )
+    .unwrap_or_else(|e| panic!("ADD p-led: {e}"));
+    assert!(f.record_path("p-led", "eth0").exists());
+    let list = json!({
+        "cniVersion": "1.0.0",
+        "name": f.network,
+        "plugins": [f.bridge_entry(), Fixture::portmap_entry()],
+    });
+    f.write_conflist(&list);
+    (f, ns)
+}
+
+fn add(f: &Fixture, cid: &str, ns: &Netns, port: u16) -> String {
+    let res = f
+        .add(
+            cid,
+            "eth0",
+            Some(&ns.path_str()),
+            Some(&port_mappings(port)),
+        )
+        .unwrap_or_else(|e| panic!("ADD {cid}: {e}"));
+    assert!(
+        !f.record_path(cid, "eth0").exists(),
+        "the ledger is not in the chain"
+    );
+    res["ips"][0]["address"]
+        .as_str()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+fn btime() -> i64 {
+    fs::read_to_string("/proc/stat")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Sets a file's mtime to Unix time `t` (coreutils touch).
+fn set_mtime(path: &Path, t: i64) {
+    let out = Command::new("touch")
+        .arg("-m")
+        .arg("-d")
+        .arg(format!("@{t}"))
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", describe(&out));
+}
+
+/// Rewrites a cache file as libcni 1.2 would have written it: with `netns`.
+fn add_netns_to_cache(f: &Fixture, cid: &str, netns: &str) {
+    let path = f.cache_result_path(cid, "eth0");
+    let mut v: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    assert!(v.get("netns").is_none(), "libcni 1.1 writes no netns");
+    v["netns"] = json!(netns);
+    fs::write(&path, serde_json::to_vec(&v).unwrap()).unwrap();
+}
+
+fn nat_lines_for(f: &Fixture, cid: &str) -> usize {
+    f.host
+        .iptables_save()
+        .lines()
+        .filter(|l| l.contains(&format!(r#"id: \"{cid}\""#)))
+        .count()
+}
+
+fn adopt(f: &Fixture, extra: &[&str]) -> (Output, Value) {
+    let cache = f.cache_dir.to_string_lossy().into_owned();
+    let cni_path = f.cni_path();
+    let mut args = vec![
+        "adopt",
+        "--json",
+        "--cni-cache-dir",
+        cache.as_str(),
+        "--cni-path",
+        cni_path.as_str(),
+    ];
+    args.extend_from_slice(extra);
+    let out = f.ledger(&args);
+    let v = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("adopt printed no JSON ({e}): {}", describe(&out)));
+    (out, v)
+}
+
+fn adopted<'a>(rep: &'a Value, cid: &str) -> &'a Value {
+    rep["adopted"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["containerId"] == json!(cid))
+        .unwrap_or_else(|| panic!("{cid} not adopted: {rep:#}"))
+}
+
+fn tree(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    walk_files(dir)
+        .into_iter()
+        .filter(|p| !p.starts_with("locks/"))
+        .map(|p| {
+            let bytes = fs::read(dir.join(&p)).unwrap_or_default();
+            (p, bytes)
+        })
+        .collect()
+}
+
+#[test]
+fn adopted_attachments_are_judged_and_replayed_from_the_cached_conflist() {
+    let (f, _ns_led) = fixture_without_ledger();
+    let led_record = fs::read(f.record_path("p-led", "eth0")).unwrap();
+    let conflist = f.conflist_bytes();
+    // Earlier boot, no netns cached: its namespace is gone as after a reboot.
+    let mut ns_old = Netns::new();
+    let ip_old = add(&f, "p-old", &ns_old, 8081);
+    // This boot, no netns cached: live until a valid list says otherwise.
+    let ns_new = Netns::new();
+    let ip_new = add(&f, "p-new", &ns_new, 8082);
+    // libcni 1.2 layout, namespace deleted / still there.
+    let mut ns_gone = Netns::new();
+    let ip_gone = add(&f, "p-nsgone", &ns_gone, 8083);
+    let ns_live = Netns::new();
+    let ip_live = add(&f, "p-nslive", &ns_live, 8084);
+    add_netns_to_cache(&f, "p-nsgone", &ns_gone.path_str());
+    add_netns_to_cache(&f, "p-nslive", &ns_live.path_str());
+    set_mtime(&f.cache_result_path("p-old", "eth0"), btime() - 3600);
+    ns_old.delete();
+    ns_gone.delete();
+    // libcni writes without fsync: a zero-length and a cut-off file after a crash.
+    let results = f.cache_dir.join("results");
+    fs::write(results.join(format!("{}-p-empty-eth0", f.network)), b"").unwrap();
+    fs::write(
+        results.join(format!("{}-p-garbage-eth0", f.network)),
+        b"{\"kind\":\"cniCacheV1\",\"containerId\":\"p-gar",
+    )
+    .unwrap();
+    for cid in ["p-old", "p-new", "p-nsgone", "p-nslive"] {
+        assert!(nat_lines_for(&f, cid) > 0, "{cid}: no DNAT to begin with");
+    }
+
+    // A dry run writes nothing.
+    let untouched = tree(&f.ledger_dir);
+    let (out, rep) = adopt(&f, &["--dry-run"]);
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    assert_eq!(rep["adopted"].as_array().unwrap().len(), 4, "{rep:#}");
+    assert_eq!(
+        tree(&f.ledger_dir),
+        untouched,
+        "a dry run changed the ledger"
+    );
+
+    let (out, rep) = adopt(&f, &[]);
+    // The attachment recorded by ADD is never touched.
+    assert_eq!(rep["alreadyRecorded"], json!(1), "{rep:#}");
+    assert_eq!(
+        fs::read(f.record_path("p-led", "eth0")).unwrap(),
+        led_record
+    );
+    // Unusable cache files are reported (exit 1), never acted on.
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    let unusable: Vec<&str> = rep["unusable"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["file"].as_str().unwrap())
+        .collect();
+    assert_eq!(unusable.len(), 2, "{rep:#}");
+    assert!(unusable.iter().any(|u| u.ends_with("-p-empty-eth0")));
+    assert!(unusable.iter().any(|u| u.ends_with("-p-garbage-eth0")));
+    assert!(!f.record_path("p-empty", "eth0").exists());
+    assert!(!f.record_path("p-garbage", "eth0").exists());
+    for (cid, state, reason) in [
+        ("p-old", "stale", json!("boot-changed")),
+        ("p-new", "live", Value::Null),
+        ("p-nsgone", "stale", json!("netns-missing")),
+        ("p-nslive", "live", Value::Null),
+    ] {
+        let a = adopted(&rep, cid);
+        assert_eq!(a["action"], json!("adopted"), "{a:#}");
+        assert_eq!(a["state"], json!(state), "{a:#}");
+        assert_eq!(a["reason"], reason, "{a:#}");
+        let row = f.list_row(cid, "eth0").expect("list row");
+        assert_eq!(row["source"], json!("adopted"), "{row:#}");
+        assert_eq!(
+            row["cacheFile"],
+            json!(f.cache_result_path(cid, "eth0")),
+            "{row:#}"
+        );
+        assert_eq!(row["state"], json!(state), "{row:#}");
+        assert_eq!(row["reason"], reason, "{row:#}");
+        // The cached conflist is the record's snapshot, byte for byte.
+        let snap = row["snapshot"].as_str().unwrap();
+        let bytes = fs::read(f.snapshots_dir().join(format!("{snap}.json"))).unwrap();
+        assert_eq!(
+            bytes, conflist,
+            "{cid}'s snapshot is not the cached conflist"
+        );
+    }
+    let table = f.ledger(&["list"]);
+    assert!(
+        String::from_utf8_lossy(&table.stdout).contains("(adopted)"),
+        "{}",
+        describe(&table)
+    );
+
+    // Running it again changes nothing.
+    let before = tree(&f.ledger_dir);
+    let (_, rep2) = adopt(&f, &[]);
+    assert!(rep2["adopted"].as_array().unwrap().is_empty(), "{rep2:#}");
+    assert_eq!(rep2["alreadyRecorded"], json!(5), "{rep2:#}");
+    assert_eq!(
+        tree(&f.ledger_dir),
+        before,
+        "a second adopt changed the ledger"
+    );
+
+    // gc: the stale two are released through the cached chain, the live two untouched.
+    let (out, rep) = f.gc(&["--grace", "0"]);
+    let rep = rep.unwrap_or_else(|| panic!("{}", describe(&out)));
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert_eq!(rep["summary"]["replayed"], json!(2), "{rep:#}");
+    for r in rep["records"].as_array().unwrap() {
+        assert_eq!(r["configSource"], json!("snapshot"), "{r:#}");
+    }
+    let addrs = f.ipam_addresses();
+    for (cid, ip) in [("p-old", &ip_old), ("p-nsgone", &ip_gone)] {
+        assert!(!addrs.contains(ip), "{cid} kept {ip}: {addrs:?}");
+        assert_eq!(nat_lines_for(&f, cid), 0, "{}", f.host.iptables_save());
+        assert!(!f.record_path(cid, "eth0").exists());
+        assert!(!f.cache_result_path(cid, "eth0").exists());
+    }
+    assert_eq!(
+        fs::read(f.record_path("p-led", "eth0")).unwrap(),
+        led_record
+    );
+    for (cid, ip) in [("p-new", &ip_new), ("p-nslive", &ip_live)] {
+        assert!(addrs.contains(ip), "{cid} lost {ip}: {addrs:?}");
+        assert!(nat_lines_for(&f, cid) > 0, "{cid} lost its DNAT");
+        assert!(f.record_path(cid, "eth0").exists());
+        assert!(f.cache_result_path(cid, "eth0").exists());
+    }
+    // The bad cache files are still there, untouched.
+    assert_eq!(
+        fs::read(results.join(format!("{}-p-empty-eth0", f.network))).unwrap(),
+        b""
+    );
+
+    // A valid list settles the one without a netns: p-new is not in it.
+    let valid = f.tmp.path().join("valid.json");
+    fs::write(
+        &valid,
+        json!([{"containerID": "p-nslive", "ifname": "eth0"}, {"containerID": "p-led", "ifname": "eth0"}])
+            .to_string(),
+    )
+    .unwrap();
+    let (out, rep) = f.gc(&[
+        "--grace",
+        "0",
+        "--valid-attachments",
+        valid.to_str().unwrap(),
+    ]);
+    let rep = rep.unwrap_or_else(|| panic!("{}", describe(&out)));
+    assert_eq!(rep["summary"]["replayed"], json!(1), "{rep:#}");
+    assert!(!f.ipam_addresses().contains(&ip_new));
+    assert!(f.ipam_addresses().contains(&ip_live));
+    assert!(ns_new.path().exists());
+}

@@ -1,0 +1,500 @@
+//! The CRI runtime's own list as the valid set (issue 9), against a real runtime:
+//! Debian's containerd 1.6, started by the test inside the test's host namespace with
+//! its own root, state dir, socket and config (CNI conf and bin dirs are the fixture's,
+//! the ledger first in the chain), and a sandbox image built here (a static `pause`
+//! compiled with gcc, imported with `ctr images import` under the configured
+//! `sandbox_image`: no registry is reachable). Pod sandboxes are created and removed over
+//! CRI with the project's own gRPC client, as kubelet calls them. Needs root.
+//!
+//!     cargo test --features testing --test cri
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cni_ledger::cri::{self, api::PodSandboxMetadata};
+use common::*;
+use serde_json::{json, Value};
+
+const SANDBOX_IMAGE: &str = "registry.invalid/cni-ledger-test/pause:1";
+const RUN: &str = "/runtime.v1.RuntimeService/RunPodSandbox";
+const STOP: &str = "/runtime.v1.RuntimeService/StopPodSandbox";
+const REMOVE: &str = "/runtime.v1.RuntimeService/RemovePodSandbox";
+
+// The messages kubelet sends, with the field numbers of runtime.v1's api.proto.
+#[derive(Clone, PartialEq, prost::Message)]
+struct PortMapping {
+    #[prost(int32, tag = "1")]
+    protocol: i32,
+    #[prost(int32, tag = "2")]
+    container_port: i32,
+    #[prost(int32, tag = "3")]
+    host_port: i32,
+    #[prost(string, tag = "4")]
+    host_ip: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct PodSandboxConfig {
+    #[prost(message, optional, tag = "1")]
+    metadata: Option<PodSandboxMetadata>,
+    #[prost(string, tag = "2")]
+    hostname: String,
+    #[prost(string, tag = "3")]
+    log_directory: String,
+    #[prost(message, repeated, tag = "5")]
+    port_mappings: Vec<PortMapping>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RunPodSandboxRequest {
+    #[prost(message, optional, tag = "1")]
+    config: Option<PodSandboxConfig>,
+    #[prost(string, tag = "2")]
+    runtime_handler: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RunPodSandboxResponse {
+    #[prost(string, tag = "1")]
+    pod_sandbox_id: String,
+}
+
+/// StopPodSandboxRequest and RemovePodSandboxRequest: `string pod_sandbox_id = 1`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct SandboxIdRequest {
+    #[prost(string, tag = "1")]
+    pod_sandbox_id: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct Empty {}
+
+fn run_ok(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?}: {}", describe(&out));
+}
+
+/// A static pause binary in a one-layer image, as a `docker save` archive.
+fn build_pause_image(dir: &Path) -> PathBuf {
+    let img = dir.join("img");
+    fs::create_dir_all(img.join("rootfs")).unwrap();
+    let src = img.join("pause.c");
+    fs::write(
+        &src,
+        "#include <signal.h>\n#include <unistd.h>\n\
+         static void bye(int s) { (void)s; _exit(0); }\n\
+         int main(void) { signal(SIGTERM, bye); signal(SIGINT, bye); for (;;) pause(); }\n",
+    )
+    .unwrap();
+    run_ok(
+        Command::new("gcc")
+            .args(["-static", "-Os", "-s", "-o"])
+            .arg(img.join("rootfs/pause"))
+            .arg(&src),
+    );
+    run_ok(
+        Command::new("tar")
+            .arg("-C")
+            .arg(img.join("rootfs"))
+            .arg("-cf")
+            .arg(img.join("layer.tar"))
+            .arg("pause"),
+    );
+    let diff_id = sha256_hex(&img.join("layer.tar"));
+    let config = json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Entrypoint": ["/pause"]},
+        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{diff_id}")]},
+    });
+    fs::write(img.join("config.json"), config.to_string()).unwrap();
+    let manifest =
+        json!([{"Config": "config.json", "RepoTags": [SANDBOX_IMAGE], "Layers": ["layer.tar"]}]);
+    fs::write(img.join("manifest.json"), manifest.to_string()).unwrap();
+    let tarball = dir.join("pause.tar");
+    run_ok(
+        Command::new("tar")
+            .arg("-C")
+            .arg(&img)
+            .arg("-cf")
+            .arg(&tarball)
+            .args(["manifest.json", "config.json", "layer.tar"]),
+    );
+    tarball
+}
+
+/// containerd running in the test host namespace; stopped by PID on drop.
+struct Containerd {
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Containerd {
+    fn socket(dir: &Path) -> PathBuf {
+        dir.join("containerd.sock")
+    }
+
+    fn endpoint(&self) -> String {
+        format!("unix://{}", Self::socket(&self.dir).display())
+    }
+
+    fn configure(f: &Fixture) -> PathBuf {
+        let dir = f.tmp.path().join("containerd");
+        fs::create_dir_all(&dir).unwrap();
+        let d = dir.display();
+        let config = format!(
+            r#"version = 2
+root = "{d}/root"
+state = "{d}/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.internal.v1.opt", "io.containerd.tracing.processor.v1.otlp"]
+[grpc]
+  address = "{d}/containerd.sock"
+[ttrpc]
+  address = "{d}/containerd.sock.ttrpc"
+[debug]
+  address = "{d}/debug.sock"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{SANDBOX_IMAGE}"
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  # Never below containerd's own OOM score: lowering it needs CAP_SYS_RESOURCE, which
+  # a CI machine (itself a container) may not have.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{bin}"
+    conf_dir = "{conf}"
+"#,
+            bin = f.bin_dir.display(),
+            conf = f.conf_dir.display(),
+        );
+        fs::write(dir.join("config.toml"), config).unwrap();
+        dir
+    }
+
+    fn start(f: &Fixture, dir: &Path) -> Containerd {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("containerd.log"))
+            .unwrap();
+        // Only the network namespace is the test host's: `ip netns exec` would also
+        // remount /sys and hide the cgroup mounts runc needs. nsenter execs containerd,
+        // so the child's PID is containerd's.
+        let child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", f.host.name()))
+            .arg("containerd")
+            .arg("--config")
+            .arg(dir.join("config.toml"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start containerd");
+        let c = Containerd {
+            dir: dir.to_path_buf(),
+            child: Some(child),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !c.ctr(&["version"]).status.success() {
+            assert!(
+                Instant::now() < deadline,
+                "containerd did not come up:\n{}",
+                fs::read_to_string(dir.join("containerd.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        c
+    }
+
+    fn ctr(&self, args: &[&str]) -> std::process::Output {
+        Command::new("ctr")
+            .arg("--address")
+            .arg(Self::socket(&self.dir))
+            .args(["-n", "k8s.io"])
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").arg(child.id().to_string()).status();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                if child.try_wait().unwrap().is_some() {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    fn run_sandbox(&self, name: &str, host_port: i32) -> String {
+        let req = RunPodSandboxRequest {
+            config: Some(PodSandboxConfig {
+                metadata: Some(PodSandboxMetadata {
+                    name: name.into(),
+                    uid: format!("uid-{name}"),
+                    namespace: "default".into(),
+                    attempt: 0,
+                }),
+                hostname: name.into(),
+                log_directory: self.dir.join("logs").join(name).display().to_string(),
+                port_mappings: vec![PortMapping {
+                    protocol: 0,
+                    container_port: 80,
+                    host_port,
+                    host_ip: String::new(),
+                }],
+            }),
+            runtime_handler: String::new(),
+        };
+        let resp: RunPodSandboxResponse = self
+            .call(RUN, req)
+            .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}\n{}", self.log()));
+        resp.pod_sandbox_id
+    }
+
+    fn stop_and_remove(&self, id: &str) {
+        let req = SandboxIdRequest {
+            pod_sandbox_id: id.into(),
+        };
+        let _: Empty = self
+            .call(STOP, req.clone())
+            .unwrap_or_else(|e| panic!("StopPodSandbox: {e}"));
+        let _: Empty = self
+            .call(REMOVE, req)
+            .unwrap_or_else(|e| panic!("RemovePodSandbox: {e}"));
+    }
+
+    fn call<Req, Resp>(&self, method: &'static str, req: Req) -> Result<Resp, String>
+    where
+        Req: prost::Message + Send + Sync + 'static,
+        Resp: prost::Message + Default + Send + Sync + 'static,
+    {
+        let endpoint = self.endpoint();
+        cri::block_on(async move {
+            let ch = cri::connect(&endpoint, Duration::from_secs(60))
+                .await
+                .map_err(|e| format!("{e:#}"))?;
+            cri::unary(ch, method, req)
+                .await
+                .map_err(|s| format!("{}: {}", s.code(), s.message()))
+        })
+        .unwrap()
+    }
+
+    fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        // A failed assertion must not leave pause processes and namespaces behind.
+        if std::thread::panicking() && self.child.is_some() {
+            if let Ok(all) = cri::list_sandboxes(&self.endpoint(), Duration::from_secs(10)) {
+                for id in all.keys() {
+                    let req = SandboxIdRequest {
+                        pod_sandbox_id: id.clone(),
+                    };
+                    let _: Result<Empty, _> = self.call(STOP, req.clone());
+                    let _: Result<Empty, _> = self.call(REMOVE, req);
+                }
+            }
+        }
+        self.stop();
+    }
+}
+
+fn gc_cri(f: &Fixture, endpoint: &str) -> (i32, Value) {
+    let (code, v, _) = gc_cri_out(f, endpoint);
+    (code, v)
+}
+
+fn gc_cri_out(f: &Fixture, endpoint: &str) -> (i32, Value, String) {
+    let out = f.ledger(&[
+        "gc",
+        "--json",
+        "--grace",
+        "0",
+        "--cni-cache-dir",
+        "/var/lib/cni",
+        "--cri-endpoint",
+        endpoint,
+        "--cri-network",
+        &f.network,
+    ]);
+    let v = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("gc printed no JSON ({e}): {}", describe(&out)));
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status.code().unwrap_or(-1), v, stderr)
+}
+
+fn list_cri(f: &Fixture, endpoint: &str) -> Vec<Value> {
+    let out = f.ledger(&[
+        "list",
+        "--json",
+        "--cri-endpoint",
+        endpoint,
+        "--cri-network",
+        &f.network,
+    ]);
+    assert!(out.status.success(), "{}", describe(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn row<'a>(rows: &'a [Value], id: &str) -> &'a Value {
+    rows.iter()
+        .find(|r| r["containerId"] == json!(id))
+        .unwrap_or_else(|| panic!("no row for {id}: {rows:#?}"))
+}
+
+fn record_netns(f: &Fixture, id: &str) -> String {
+    let v: Value = serde_json::from_slice(&fs::read(f.record_path(id, "eth0")).unwrap()).unwrap();
+    v["record"]["netns"].as_str().unwrap().to_string()
+}
+
+fn nat_lines_for(f: &Fixture, id: &str) -> usize {
+    f.host
+        .iptables_save()
+        .lines()
+        .filter(|l| l.contains(&format!(r#"id: \"{id}\""#)))
+        .count()
+}
+
+#[test]
+fn containerd_sandbox_list_judges_exactly_the_forgotten_sandbox() {
+    let f = Fixture::new(); // [cni-ledger, bridge+host-local, portmap]
+    for p in ["loopback", "bridge", "host-local", "portmap"] {
+        symlink(Path::new(CNI_PLUGIN_DIR).join(p), f.bin_dir.join(p)).unwrap();
+    }
+    let tarball = build_pause_image(f.tmp.path());
+    let dir = Containerd::configure(&f);
+    let mut ctrd = Containerd::start(&f, &dir);
+    let out = ctrd.ctr(&["images", "import", tarball.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let endpoint = ctrd.endpoint();
+
+    let live = ctrd.run_sandbox("live", 18081);
+    let wiped = ctrd.run_sandbox("wiped", 18082);
+    assert!(f.record_path(&live, "eth0").exists(), "{}", f.log());
+    assert!(f.record_path(&wiped, "eth0").exists(), "{}", f.log());
+    let wiped_ns = record_netns(&f, &wiped);
+    let ips_before = f.ipam_addresses();
+    assert_eq!(ips_before.len(), 2, "{ips_before:?}");
+    assert!(nat_lines_for(&f, &wiped) > 0, "{}", f.host.iptables_save());
+    std::thread::sleep(Duration::from_millis(2100)); // records older than any list below
+
+    // Both live in the runtime's list: nothing replayed, even with no grace.
+    let (code, rep) = gc_cri(&f, &endpoint);
+    assert_eq!(code, 0, "{rep:#}");
+    assert_eq!(rep["cri"]["answered"], json!(true), "{rep:#}");
+    assert_eq!(rep["cri"]["sandboxes"], json!(2), "{rep:#}");
+    assert_eq!(rep["summary"]["stale"], json!(0), "{rep:#}");
+
+    // The sandbox's task dies: containerd keeps it, NOTREADY. Not absent.
+    let out = ctrd.ctr(&["tasks", "kill", "-s", "SIGKILL", &wiped]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let rows = list_cri(&f, &endpoint);
+        if row(&rows, &wiped)["runtimeState"] == json!("notready") {
+            assert_eq!(row(&rows, &live)["runtimeState"], json!("ready"));
+            assert_eq!(row(&rows, &wiped)["state"], json!("live"));
+            break;
+        }
+        assert!(Instant::now() < deadline, "{rows:#?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (_, rep) = gc_cri(&f, &endpoint);
+    assert_eq!(
+        rep["summary"]["stale"],
+        json!(0),
+        "NOTREADY judged absent: {rep:#}"
+    );
+
+    // Its state is removed behind the runtime's back (as `crio wipe` does); after a
+    // restart containerd has forgotten it, but its namespace stays.
+    let _ = ctrd.ctr(&["tasks", "rm", "-f", &wiped]);
+    let out = ctrd.ctr(&["containers", "rm", &wiped]);
+    assert!(out.status.success(), "{}", describe(&out));
+    ctrd.stop();
+    let mut ctrd = Containerd::start(&f, &dir);
+    assert!(Path::new(&wiped_ns).exists());
+    let rows = list_cri(&f, &endpoint);
+    assert_eq!(
+        row(&rows, &wiped)["runtimeState"],
+        json!("absent"),
+        "{rows:#?}"
+    );
+    assert_eq!(
+        row(&rows, &wiped)["reason"],
+        json!("not-in-runtime"),
+        "{rows:#?}"
+    );
+
+    let (code, rep) = gc_cri(&f, &endpoint);
+    assert_eq!(code, 0, "{rep:#}\nlog:\n{}", f.log());
+    assert_eq!(rep["summary"]["replayed"], json!(1), "{rep:#}");
+    let r = &rep["records"][0];
+    assert_eq!(r["containerId"], json!(wiped), "{rep:#}");
+    assert_eq!(r["reason"], json!("not-in-runtime"), "{rep:#}");
+    assert!(!f.record_path(&wiped, "eth0").exists());
+    assert!(
+        !Path::new(&format!("/var/lib/cni/results/{}-{wiped}-eth0", f.network)).exists(),
+        "the replay left containerd's libcni cache entry"
+    );
+    assert_eq!(f.ipam_addresses().len(), 1, "wiped's address not released");
+    assert_eq!(nat_lines_for(&f, &wiped), 0, "{}", f.host.iptables_save());
+    assert!(
+        nat_lines_for(&f, &live) > 0,
+        "the live sandbox lost its DNAT"
+    );
+    assert!(f.record_path(&live, "eth0").exists());
+
+    // containerd stopped during gc: no CRI judgement at all, nothing replayed.
+    ctrd.stop();
+    let (code, rep, stderr) = gc_cri_out(&f, &endpoint);
+    assert_eq!(code, 0, "{rep:#}");
+    assert_eq!(rep["cri"]["answered"], json!(false), "{rep:#}");
+    assert_eq!(rep["summary"]["stale"], json!(0), "{rep:#}");
+    assert!(f.record_path(&live, "eth0").exists());
+    assert!(stderr.contains("did not answer"), "not logged: {stderr}");
+
+    // kubelet's teardown of the live one goes through the ledger's DEL as usual.
+    let ctrd = Containerd::start(&f, &dir);
+    ctrd.stop_and_remove(&live);
+    assert!(!f.record_path(&live, "eth0").exists(), "{}", f.log());
+    assert!(f.ipam_addresses().is_empty());
+    drop(ctrd);
+    // The forgotten sandbox's namespace is nobody's now; the test made it, it removes it.
+    if let Some(name) = wiped_ns.strip_prefix("/var/run/netns/") {
+        let _ = Command::new("ip").args(["netns", "del", name]).status();
+    }
+    // containerd's libcni cache is the system's (/var/lib/cni): drop what the forgotten
+    // sandbox left there (gc removed the entry of our network; loopback's is left).
+    for e in fs::read_dir("/var/lib/cni/results")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if e.file_name()
+            .to_string_lossy()
+            .contains(&format!("-{wiped}-"))
+        {
+            let _ = fs::remove_file(e.path());
+        }
+    }
+}
