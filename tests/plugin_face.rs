@@ -808,7 +808,7 @@ fn read_only_ledger_fails_add_unless_warn_and_status_reports_50() {
 
 #[test]
 fn version_lists_the_five_supported_versions() {
-    require_root();
+    // No root: VERSION touches nothing.
     let env = vec![("CNI_COMMAND".to_string(), "VERSION".to_string())];
     let out = run_plugin(&env, br#"{"cniVersion":"1.0.0"}"#);
     assert!(out.status.success(), "{}", describe(&out));
@@ -858,7 +858,7 @@ fn check_errors_without_a_record() {
         "CHECK without a record succeeded: {}",
         describe(&out)
     );
-    cni_error_code(&out);
+    assert_eq!(cni_error_code(&out), 3, "{}", describe(&out));
     assert!(
         f.check("c-chk", "eth0", Some(&netns), None).is_err(),
         "libcni CHECK without ADD"
@@ -881,7 +881,7 @@ fn check_errors_without_a_record() {
         "CHECK after DEL succeeded: {}",
         describe(&out)
     );
-    cni_error_code(&out);
+    assert_eq!(cni_error_code(&out), 3, "{}", describe(&out));
 }
 
 // -----------------------------------------------------------------------------------------
@@ -985,4 +985,81 @@ fn add_warns_when_a_later_plugin_declares_a_capability_the_ledger_does_not() {
         row["runtimeConfig"].get("portMappings").is_none(),
         "{row:#}"
     );
+}
+
+// -----------------------------------------------------------------------------------------
+// logLevel: a quiet plugin by default, errors always on stderr
+// -----------------------------------------------------------------------------------------
+
+#[test]
+fn add_with_default_options_writes_nothing_to_stderr_and_log_level_info_does() {
+    let f = Fixture::ledger_only();
+    let ns = Netns::new();
+    let netns = ns.path_str();
+    // The fixture asks for logLevel info and a log file: take both out.
+    let mut quiet = f.plugin_stdin("1.0.0");
+    let obj = quiet.as_object_mut().unwrap();
+    obj.remove("logLevel");
+    obj.remove("logFile");
+    let out = f.run_plugin(
+        &f.plugin_env("ADD", "c-quiet", "eth0", Some(&netns)),
+        &serde_json::to_vec(&quiet).unwrap(),
+    );
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(
+        out.stderr.is_empty(),
+        "default ADD wrote to stderr: {}",
+        describe(&out)
+    );
+    assert_eq!(f.record_files().len(), 1, "the quiet ADD is recorded");
+    let out = f.run_plugin(
+        &f.plugin_env("DEL", "c-quiet", "eth0", None),
+        &serde_json::to_vec(&quiet).unwrap(),
+    );
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "{}",
+        describe(&out)
+    );
+
+    // logLevel info: the ADD says what it recorded, on stderr without a log file.
+    let mut info = quiet.clone();
+    info["logLevel"] = json!("info");
+    let out = f.run_plugin(
+        &f.plugin_env("ADD", "c-info", "eth0", Some(&netns)),
+        &serde_json::to_vec(&info).unwrap(),
+    );
+    assert!(out.status.success(), "{}", describe(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.lines()
+            .any(|l| l.contains(" info ") && l.contains("c-info")),
+        "no info line for the ADD on stderr: {}",
+        describe(&out)
+    );
+    assert!(
+        out.stdout.starts_with(b"{"),
+        "stdout is CNI JSON only: {}",
+        describe(&out)
+    );
+
+    // An error reaches stderr even with a log file and the default level, and the log.
+    let mut failing = quiet.clone();
+    let blocker = f.tmp.path().join("blocker");
+    fs::write(&blocker, b"a file, not a directory").unwrap();
+    failing["ledgerDir"] = json!(blocker.join("ledger"));
+    failing["logFile"] = json!(f.log_file);
+    let out = f.run_plugin(
+        &f.plugin_env("ADD", "c-err", "eth0", Some(&netns)),
+        &serde_json::to_vec(&failing).unwrap(),
+    );
+    assert_eq!(cni_error_code(&out), 5, "{}", describe(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.lines()
+            .any(|l| l.contains(" error ") && l.contains("CNI error 5")),
+        "the error is not on stderr: {}",
+        describe(&out)
+    );
+    assert!(f.log().contains("CNI error 5"), "log file: {:?}", f.log());
 }

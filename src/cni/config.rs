@@ -1,6 +1,7 @@
 //! The ledger's own entry in a conflist, as it arrives on stdin.
 
 use super::error::{self, CniError};
+use crate::logging::Level;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::path::PathBuf;
@@ -31,6 +32,8 @@ struct Raw {
     conf_dir: Option<PathBuf>,
     log_file: Option<PathBuf>,
     #[serde(default)]
+    log_level: Level,
+    #[serde(default)]
     on_ledger_error: OnLedgerError,
     #[serde(default)]
     capabilities: Map<String, Value>,
@@ -50,6 +53,7 @@ pub struct NetConf {
     pub ledger_dir: PathBuf,
     pub conf_dir: Option<PathBuf>,
     pub log_file: Option<PathBuf>,
+    pub log_level: Level,
     pub on_ledger_error: OnLedgerError,
     /// Capabilities the ledger's entry declares (only the `true` ones).
     pub capabilities: Vec<String>,
@@ -105,6 +109,7 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
             .unwrap_or_else(|| PathBuf::from(DEFAULT_LEDGER_DIR)),
         conf_dir: raw.conf_dir,
         log_file: raw.log_file,
+        log_level: raw.log_level,
         on_ledger_error: raw.on_ledger_error,
         capabilities,
         runtime_config: raw.runtime_config,
@@ -126,6 +131,9 @@ mod tests {
         assert_eq!(c.capabilities, vec!["portMappings".to_string()]);
         assert_eq!(c.on_ledger_error, OnLedgerError::Fail);
         assert_eq!(c.lock_timeout_ms, 5000);
+        assert_eq!(c.log_level, Level::Error);
+        let c = parse(br#"{"name":"n","logLevel":"info"}"#).unwrap();
+        assert_eq!(c.log_level, Level::Info);
     }
 
     #[test]
@@ -138,6 +146,12 @@ mod tests {
         );
         assert_eq!(
             parse(br#"{"name":"../x"}"#).unwrap_err().code,
+            error::INVALID_NETWORK_CONFIG
+        );
+        assert_eq!(
+            parse(br#"{"name":"n","logLevel":"verbose"}"#)
+                .unwrap_err()
+                .code,
             error::INVALID_NETWORK_CONFIG
         );
         assert_eq!(

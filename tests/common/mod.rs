@@ -466,6 +466,8 @@ impl Fixture {
             "ledgerDir": self.ledger_dir,
             "confDir": self.conf_dir,
             "logFile": self.log_file,
+            // The tests read what ADD and DEL log; the default (`error`) is quiet.
+            "logLevel": "info",
         });
         if spec.portmap {
             e["capabilities"] = json!({"portMappings": true});

@@ -200,6 +200,7 @@ impl World {
             "ledgerDir": self.ledger_dir,
             "confDir": self.conf_dir,
             "logFile": self.plugin_log,
+            "logLevel": "info",
             "lockTimeoutMs": 3000,
         })
     }
