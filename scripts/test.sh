@@ -32,7 +32,7 @@ done
 export PATH
 command -v cargo >/dev/null 2>&1 || die "cargo not found; install Rust >= 1.89 (https://rustup.rs)"
 
-packages=(containernetworking-plugins golang-go golang-github-appc-cni-dev iptables iproute2 hyperfine)
+packages=(containernetworking-plugins golang-go golang-github-appc-cni-dev iptables iproute2 hyperfine strace)
 missing=()
 for p in "${packages[@]}"; do
 	status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) || status=

@@ -8,6 +8,10 @@ use std::path::PathBuf;
 
 pub const DEFAULT_LEDGER_DIR: &str = "/var/lib/cni-ledger";
 pub const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";
+/// How long ADD/DEL wait for an attachment a gc replay holds (`lockTimeoutMs`).
+pub const DEFAULT_LOCK_TIMEOUT_MS: u64 = 5000;
+/// Records younger than this are left alone by the CNI GC verb (`gcGraceSecs`).
+pub const DEFAULT_GC_GRACE_SECS: u64 = 60;
 /// Largest stdin accepted; a conflist is a few KiB, anything near this is an attack or a bug.
 pub const MAX_STDIN: usize = 1 << 20;
 
@@ -114,8 +118,8 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
         capabilities,
         runtime_config: raw.runtime_config,
         prev_result: raw.prev_result,
-        lock_timeout_ms: raw.lock_timeout_ms.unwrap_or(5000),
-        gc_grace_secs: raw.gc_grace_secs.unwrap_or(60),
+        lock_timeout_ms: raw.lock_timeout_ms.unwrap_or(DEFAULT_LOCK_TIMEOUT_MS),
+        gc_grace_secs: raw.gc_grace_secs.unwrap_or(DEFAULT_GC_GRACE_SECS),
         raw: value,
     })
 }
@@ -130,7 +134,7 @@ mod tests {
         assert_eq!(c.ledger_dir, PathBuf::from(DEFAULT_LEDGER_DIR));
         assert_eq!(c.capabilities, vec!["portMappings".to_string()]);
         assert_eq!(c.on_ledger_error, OnLedgerError::Fail);
-        assert_eq!(c.lock_timeout_ms, 5000);
+        assert_eq!(c.lock_timeout_ms, DEFAULT_LOCK_TIMEOUT_MS);
         assert_eq!(c.log_level, Level::Error);
         let c = parse(br#"{"name":"n","logLevel":"info"}"#).unwrap();
         assert_eq!(c.log_level, Level::Info);

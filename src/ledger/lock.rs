@@ -5,6 +5,7 @@
 //! re-checks after locking that the path still names the file it locked; if someone
 //! unlinked it meanwhile, it starts over on the new file.
 
+use super::fsio::at;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -33,6 +34,7 @@ fn open_lock_file(path: &Path) -> io::Result<File> {
         .mode(0o600)
         .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
         .open(path)
+        .map_err(at("opening lock", path))
 }
 
 fn still_linked(file: &File, path: &Path) -> io::Result<bool> {
@@ -40,7 +42,7 @@ fn still_linked(file: &File, path: &Path) -> io::Result<bool> {
     match std::fs::symlink_metadata(path) {
         Ok(now) => Ok(now.ino() == held.ino() && now.dev() == held.dev()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(e),
+        Err(e) => Err(at("examining", path)(e)),
     }
 }
 
@@ -64,7 +66,7 @@ impl KeyLock {
                     continue; // unlinked by the previous holder: lock the new file
                 }
                 Err(TryLockError::WouldBlock) => {}
-                Err(TryLockError::Error(e)) => return Err(e),
+                Err(TryLockError::Error(e)) => return Err(at("locking", path)(e)),
             }
             match deadline {
                 Some(d) if Instant::now() < d => {
@@ -91,7 +93,7 @@ pub struct SnapshotGuard(#[allow(dead_code)] File);
 impl SnapshotGuard {
     pub fn shared(path: &Path) -> io::Result<SnapshotGuard> {
         let f = open_lock_file(path)?;
-        f.lock_shared()?;
+        f.lock_shared().map_err(at("locking", path))?;
         Ok(SnapshotGuard(f))
     }
 
@@ -100,7 +102,7 @@ impl SnapshotGuard {
         match f.try_lock() {
             Ok(()) => Ok(Some(SnapshotGuard(f))),
             Err(TryLockError::WouldBlock) => Ok(None),
-            Err(TryLockError::Error(e)) => Err(e),
+            Err(TryLockError::Error(e)) => Err(at("locking", path)(e)),
         }
     }
 }

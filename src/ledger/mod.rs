@@ -81,12 +81,8 @@ impl Ledger {
         }
         if let Some(parent) = root.parent() {
             // Explicit mode: under a umask of 000 these would be world-writable, and
-            // anyone could then rename the ledger away.
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o755)
-                .create(parent)
-                .with_context(|| format!("creating {}", parent.display()))?;
+            // anyone could then rename the ledger away. Every new ancestor is fsynced.
+            fsio::create_dir_all_durable(parent, 0o755)?;
         }
         if mkdir_private(root).with_context(|| format!("creating {}", root.display()))? {
             if let Some(parent) = root.parent() {
@@ -272,7 +268,9 @@ impl Ledger {
     /// it went. The file is never acted on and never deleted.
     pub fn quarantine(&self, path: &Path) -> Result<PathBuf> {
         let qdir = self.quarantine_dir();
-        mkdir_private(&qdir).with_context(|| format!("creating {}", qdir.display()))?;
+        if mkdir_private(&qdir).with_context(|| format!("creating {}", qdir.display()))? {
+            fsio::fsync_dir(&self.root)?;
+        }
         let name = path
             .file_name()
             .context("quarantine: path has no file name")?
@@ -364,7 +362,8 @@ impl Ledger {
         };
         let mut out = Vec::new();
         for item in rd {
-            let name = item?.file_name().to_string_lossy().into_owned();
+            let item = item.with_context(|| format!("listing {}", dir.display()))?;
+            let name = item.file_name().to_string_lossy().into_owned();
             if let Some(stem) = name.strip_suffix(RECORD_EXT) {
                 if !name.starts_with(fsio::TMP_PREFIX) {
                     out.push(stem.to_string());
