@@ -1,5 +1,5 @@
 //! cni-ledger: a chained CNI plugin that records every ADD durably, and a command-line
-//! tool that replays DEL for attachments whose sandboxes vanished (DESIGN.md).
+//! tool that replays DEL for attachments whose sandboxes vanished (docs/DESIGN.md).
 
 pub mod cli;
 pub mod cni;

@@ -1,4 +1,4 @@
-//! Crash at every write step (DESIGN §4 "Crash-consistent"; CONTRACT "Test-only env").
+//! Crash at every write step (docs/DESIGN.md §4 "Crash-consistent"; CONTRACT "Test-only env").
 //!
 //! For every crash point the ledger has, many trials: build a ledger (live records whose
 //! namespaces exist, stale ones whose namespace was deleted or whose boot ID is another

@@ -1,4 +1,4 @@
-//! Acceptance tests of `cni-ledger inject` (DESIGN.md §3: the ledger listed first and
+//! Acceptance tests of `cni-ledger inject` (docs/DESIGN.md §3: the ledger listed first and
 //! declaring exactly the union of the chain's capabilities) on the conflists in
 //! testdata/conflists, then libcni loading and running the injected conflist. Needs root
 //! (the libcni part creates namespaces, bridges and iptables rules).

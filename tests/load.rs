@@ -1,4 +1,4 @@
-//! Load (DESIGN §4 "Concurrency"): 64 processes at a time doing ADD/DEL through the
+//! Load (docs/DESIGN.md §4 "Concurrency"): 64 processes at a time doing ADD/DEL through the
 //! binary (each worker's own keys and keys all workers collide on) while two
 //! `gc --grace 0 --now` loops overlap, for a bounded time; some namespaces are deleted
 //! midway so that gc has stale records to replay. Every ADD carries a unique op id in

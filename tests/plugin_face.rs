@@ -1,4 +1,4 @@
-//! Acceptance tests of the plugin face (DESIGN.md §3, §4, §8; docs/CONTRACT.md), run
+//! Acceptance tests of the plugin face (docs/DESIGN.md §3, §4, §8; docs/CONTRACT.md), run
 //! through libcni (tests/driver) with real namespaces and Debian's CNI plugins, or by
 //! invoking the binary directly as a plugin. Needs root.
 //!

@@ -1,4 +1,4 @@
-//! Security of the ledger (DESIGN §4, §8): private files and directories whatever the
+//! Security of the ledger (docs/DESIGN.md §4, §8): private files and directories whatever the
 //! umask, gc refuses a ledger anyone but root could have written, symlinks planted in
 //! the ledger are never followed out of it, and plugin types that are not bare names
 //! are never executed.
