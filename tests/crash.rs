@@ -22,6 +22,9 @@
 //!
 //!     cargo test --features testing --test crash -- --nocapture   (prints the figures)
 
+// Tests may unwrap: a panic is a failed test with its message ([lints] in Cargo.toml).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 mod rel;
 

@@ -4,6 +4,9 @@
 //!
 //!     cargo test --features testing --test plugin_face
 
+// Tests may unwrap: a panic is a failed test with its message ([lints] in Cargo.toml).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::BTreeSet;

@@ -163,6 +163,7 @@ pub fn read_nofollow(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
 /// syscall): open relative to the already open directory (no path walk per file), read
 /// to the end, close. `O_NOFOLLOW` still refuses a symlink swapped in since, and
 /// `O_NONBLOCK` keeps a FIFO from hanging the scan.
+#[allow(unsafe_code)]
 pub fn read_listed_file(dir: &File, name: &std::ffi::OsStr, limit: u64) -> io::Result<Vec<u8>> {
     use nix::fcntl::OFlag;
     use std::io::Read;
@@ -174,6 +175,7 @@ pub fn read_listed_file(dir: &File, name: &std::ffi::OsStr, limit: u64) -> io::R
         nix::sys::stat::Mode::empty(),
     )
     .map_err(io::Error::from)?;
+    // The crate's one unsafe block ([lints] in Cargo.toml denies the rest).
     // SAFETY: `fd` was just returned by a successful openat and is owned by nothing
     // else; the File takes sole ownership and closes it once.
     let f = File::from(unsafe { OwnedFd::from_raw_fd(fd) });

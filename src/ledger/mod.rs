@@ -19,6 +19,7 @@ use anyhow::{bail, Context, Result};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::PoisonError;
 
 pub use lock::{KeyLock, SnapshotGuard, Wait};
 pub use record::{Decoded, Key, Record};
@@ -197,11 +198,11 @@ impl Ledger {
         let accs = crate::workers::run(jobs, || {
             let mut acc = init();
             loop {
-                let next = rd.lock().expect("no panics hold this lock").next();
+                let next = rd.lock().unwrap_or_else(PoisonError::into_inner).next();
                 match next {
                     None => break,
                     Some(Err(e)) => {
-                        *failure.lock().expect("no panics hold this lock") = Some(e);
+                        *failure.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
                         break;
                     }
                     Some(Ok(item)) => {
@@ -213,7 +214,7 @@ impl Ledger {
             }
             acc
         });
-        if let Some(e) = failure.into_inner().expect("no panics hold this lock") {
+        if let Some(e) = failure.into_inner().unwrap_or_else(PoisonError::into_inner) {
             return Err(e).with_context(|| format!("listing {}", self.records_dir().display()));
         }
         Ok(accs)
