@@ -4,7 +4,7 @@
 //! <ledgerDir>/                   0700 root
 //!   records/<net>:<cid>:<if>.json  one record (see record.rs), 0600
 //!   snapshots/<sha256>.json      exact conflist bytes, named by their sha256, shared
-//!   locks/<stem>.lock            flock per attachment; locks/.snapshots for sweeps
+//!   locks/keys                   a byte-range lock per attachment; locks/.snapshots for sweeps
 //!   quarantine/<name>.<secs>     damaged files moved aside, never acted on
 //! ```
 //!
@@ -33,6 +33,8 @@ pub fn scan_jobs() -> usize {
 }
 
 const RECORD_EXT: &str = ".json";
+/// The one file every attachment lock is a byte of (lock.rs).
+const KEY_LOCKS: &str = "keys";
 /// A record is a few KiB; anything larger is not one of ours.
 const MAX_RECORD: u64 = 4 << 20;
 const MAX_SNAPSHOT: u64 = 4 << 20;
@@ -126,8 +128,9 @@ impl Ledger {
     }
 
     pub fn lock(&self, stem: &str, wait: Wait) -> Result<Option<KeyLock>> {
-        let path = self.locks_dir().join(format!("{stem}.lock"));
-        KeyLock::acquire(&path, wait).with_context(|| format!("locking {}", path.display()))
+        let path = self.locks_dir().join(KEY_LOCKS);
+        KeyLock::acquire(&path, stem, wait)
+            .with_context(|| format!("locking {stem} in {}", path.display()))
     }
 
     pub fn snapshot_guard_shared(&self) -> Result<SnapshotGuard> {
