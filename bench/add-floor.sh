@@ -47,12 +47,12 @@ JSON
 printf '{"cniVersion":"1.0.0","name":"benchnet","type":"cni-ledger","ledgerDir":"%s","confDir":"%s","capabilities":{"portMappings":true},"runtimeConfig":{"portMappings":[{"hostPort":8080,"containerPort":80,"protocol":"tcp"}]}}\n' \
 	"$B/ledger" "$B/conf" >"$B/stdin.json"
 
-echo "add-floor: $ROUNDS rounds of add, floor, $third ($(file -b "$B/cni-ledger" | grep -o 'static[-a-z]* linked'))" >&2
 third=floor-lock-file adds=1
 if [ -n "${ALT:-}" ]; then
 	cp "$ALT" "$B/cni-ledger-alt"
 	third=add-alt adds=2
 fi
+echo "add-floor: $ROUNDS rounds of add, floor, $third ($(file -b "$B/cni-ledger" | grep -o 'static[-a-z]* linked'))" >&2
 "$B/add-floor" -n "$ROUNDS" -o "$B/samples.tsv" "$B/cni-ledger" "$B/stdin.json" \
 	"/run/netns/$NS" "$B/floor" "$B/floor-dir" "$([ "$third" = add-alt ] && echo "$B/cni-ledger-alt" || echo "$third")"
 [ "$(find "$B/ledger/records" -name '*.json' | wc -l)" -eq $(((ROUNDS + 10) * adds)) ] ||
