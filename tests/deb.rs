@@ -64,8 +64,8 @@ fn debian_root() -> PathBuf {
 }
 
 /// Builds the package in its own target dir (the outer cargo holds the usual one).
-/// Without LTO and with parallel codegen: the package's layout is under test, not the
-/// optimiser, and a cold build is then about half as long. install.sh and a release
+/// Unoptimised, without LTO: the package's layout is under test, not the optimiser, and
+/// a cold build takes a fraction of the release profile's time. install.sh and a plain
 /// build.sh use the full release profile.
 fn build_deb() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -82,6 +82,7 @@ fn build_deb() -> PathBuf {
             .env("PATH", path)
             .env("CARGO_TARGET_DIR", manifest.join("target/deb-test"))
             .env("CARGO_PROFILE_RELEASE_LTO", "off")
+            .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "0")
             .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "16")
             .env_remove("RUSTFLAGS"),
         "packaging/deb/build.sh (cargo install cargo-deb --locked)",
