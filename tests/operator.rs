@@ -140,3 +140,29 @@ fn the_first_add_fsyncs_every_directory_it_created() {
         );
     }
 }
+
+#[test]
+fn an_add_let_through_by_on_ledger_error_warn_still_reports_the_error() {
+    let f = Fixture::ledger_only();
+    let ns = Netns::new();
+    let blocker = f.tmp.path().join("blocker");
+    fs::write(&blocker, b"a file, not a directory").unwrap();
+    let mut stdin = f.plugin_stdin("1.0.0");
+    let obj = stdin.as_object_mut().unwrap();
+    obj.remove("logLevel");
+    obj.remove("logFile");
+    stdin["ledgerDir"] = json!(blocker.join("ledger"));
+    stdin["onLedgerError"] = json!("warn");
+    let out = f.run_plugin(
+        &f.plugin_env("ADD", "c-warn", "eth0", Some(&ns.path_str())),
+        &serde_json::to_vec(&stdin).unwrap(),
+    );
+    assert!(out.status.success(), "{}", describe(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.lines()
+            .any(|l| l.contains(" error ") && l.contains("not recorded")),
+        "an unrecorded ADD is silent at the default level: {}",
+        describe(&out)
+    );
+}
