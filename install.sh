@@ -14,6 +14,8 @@ DEFAULT_LEDGER_DIR=/var/lib/cni-ledger
 DEFAULT_CONF_DIR=/etc/cni/net.d
 UNIT_DIR=/etc/systemd/system
 CRON_FILE=/etc/cron.d/cni-ledger
+# Man pages, completions and the CLI link: the local administrator's tree.
+SHARE_PREFIX=/usr/local
 SERVICE=cni-ledger-gc.service
 TIMER=cni-ledger-gc.timer
 
@@ -23,6 +25,8 @@ Usage: $prog [OPTION]...
 
 Build cni-ledger (cargo build --release --locked, statically linked) and install it:
   - the binary as DIR/cni-ledger, replaced atomically (default DIR: $DEFAULT_BIN_DIR);
+  - the man pages (man cni-ledger) and bash/zsh/fish completions under
+    $SHARE_PREFIX/share, and $SHARE_PREFIX/sbin/cni-ledger linked to the binary;
   - the ledger directory (mode 0700, root:root; existing records are kept);
   - records for attachments libcni's cache knows and the ledger lacks
     ('cni-ledger adopt', run once);
@@ -154,7 +158,7 @@ export PATH
 command -v cargo >/dev/null 2>&1 ||
 	die "cargo not found (searched PATH, \$HOME/.cargo/bin and /root/.cargo/bin); install Rust >= 1.89, e.g. from https://rustup.rs, then re-run $prog"
 
-# One static binary (DESIGN §2): nothing for the dynamic loader to do on every pod's
+# One static binary (docs/DESIGN.md §2): nothing for the dynamic loader to do on every pod's
 # ADD, which measurably shortens the plugin's exec (README, Performance). An explicit
 # --target keeps the static flag off build scripts and proc macros.
 host=$(rustc -vV 2>/dev/null | sed -n 's/^host: //p')
@@ -172,6 +176,18 @@ built=$target_dir/$host/release/cni-ledger
 if [ ! -f "$built" ] || [ ! -x "$built" ]; then
 	die "build succeeded but $built is missing"
 fi
+
+# Man pages and shell completions, generated from the clap definition by a separate
+# binary (the plugin binary does not carry the generators); same target and flags, so
+# the dependencies just built are reused.
+info "generating the man pages and shell completions"
+(cd "$src_dir" && RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+	cargo build --release --locked --target "$host" --features gen-docs --bin cni-ledger-gen-docs) ||
+	die "building cni-ledger-gen-docs failed (see above); nothing was installed"
+docs_dir=$(mktemp -d)
+trap 'cleanup; rm -rf -- "$docs_dir"' EXIT
+"$target_dir/$host/release/cni-ledger-gen-docs" "$docs_dir" ||
+	die "generating the man pages and completions failed; nothing was installed"
 
 # Smoke test before anything is replaced: the plugin face must answer VERSION.
 out=$(printf '{"cniVersion":"1.0.0"}' | CNI_COMMAND=VERSION "$built" 2>/dev/null) || true
@@ -224,6 +240,42 @@ if install_file "$built" "$dest" 0755; then
 	info "installed $dest"
 else
 	info "$dest is up to date"
+fi
+
+# ---------------------------------------------------------------- CLI, man pages, completions
+
+# The CLI on PATH (the plugin dir is not), for the operator and the completions.
+cli_link=$SHARE_PREFIX/sbin/cni-ledger
+if [ "$cli_link" != "$dest" ]; then
+	install -d -m 0755 "$(dirname "$cli_link")"
+	if [ -L "$cli_link" ] || [ ! -e "$cli_link" ]; then
+		ln -sfn -- "$dest" "$cli_link"
+		info "linked $cli_link -> $dest"
+	else
+		warn "$cli_link exists and is not a symlink; left alone"
+	fi
+fi
+changed_docs=0
+install -d -m 0755 "$SHARE_PREFIX/share/man/man1"
+for page in "$docs_dir"/man/*.1; do
+	gzip -9n -c "$page" >"$page.gz"
+	if install_file "$page.gz" "$SHARE_PREFIX/share/man/man1/$(basename "$page").gz" 0644; then
+		changed_docs=1
+	fi
+done
+for pair in "cni-ledger:bash-completion/completions" "_cni-ledger:zsh/site-functions" \
+	"cni-ledger.fish:fish/vendor_completions.d"; do
+	file=${pair%%:*}
+	dir=$SHARE_PREFIX/share/${pair#*:}
+	install -d -m 0755 "$dir"
+	if install_file "$docs_dir/completions/$file" "$dir/$file" 0644; then
+		changed_docs=1
+	fi
+done
+if [ "$changed_docs" -eq 1 ]; then
+	info "installed the man pages (man cni-ledger) and bash/zsh/fish completions under $SHARE_PREFIX/share"
+else
+	info "man pages and completions under $SHARE_PREFIX/share are up to date"
 fi
 
 # ---------------------------------------------------------------- ledger

@@ -6,8 +6,8 @@
 Each record is exactly what cni-ledger's ADD writes (src/ledger/record.rs):
 `{"format":1,"sha256":"<hex of the record bytes>","record":{...}}\n` in
 records/<network>:<containerId>:<ifname>.json (file name = key, else "misnamed"), plus
-the per-attachment lock file ADD leaves behind (locks/<stem>.lock) and the conflist
-snapshot the records refer to. The records are live: their netns is NETNS_PATH with its
+the conflist snapshot the records refer to (locks are byte ranges of one file, locks/keys,
+created by the first ADD). The records are live: their netns is NETNS_PATH with its
 real device/inode (what src/sandbox.rs compares), this boot's ID, created now.
 """
 import fcntl
@@ -49,7 +49,6 @@ def main():
 
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     rec_dir = os.path.join(root, "records")
-    lock_dir = os.path.join(root, "locks")
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
     t0 = time.time_ns()
     for i in range(count):
@@ -85,7 +84,6 @@ def main():
         fd = os.open(os.path.join(rec_dir, stem + ".json"), flags, 0o600)
         os.write(fd, data)
         os.close(fd)
-        os.close(os.open(os.path.join(lock_dir, stem + ".lock"), flags, 0o600))
 
 
 if __name__ == "__main__":

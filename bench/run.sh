@@ -417,9 +417,14 @@ if want 1; then
 	read -r r l h <<<"$(ratio "$R/exec.tsv" add-10 go-version)"
 	read -r c _ _ <<<"$(ratio "$R/exec.tsv" add-10 go-version cpu)"
 	rows+=("| 1a | ledger ADD (10 records) vs exec of a Go plugin (host-local VERSION), $nexec rounds | $(ms "$add10") | $(ms "$gover") | $(xci "$r" "$l" "$h") | $(x "$c") | ≤ 0.65× | $(verdict "$r" 0.65) |")
-	read -r r l h <<<"$(ratio "$R/exec.tsv" add-10 floor)"
-	read -r c _ _ <<<"$(ratio "$R/exec.tsv" add-10 floor cpu)"
-	rows+=("| 1b | ledger ADD vs floor (exec + one durable 600-byte write) | $(ms "$add10") | $(ms "$floor") | $(xci "$r" "$l" "$h") | $(x "$c") | ≤ 1.20× | $(verdict "$r" 1.20) |")
+	# The floor is linked statically like the ledger: a dynamically linked floor pays the
+	# loader (~0.3 ms) that the static ledger does not, and flatters the ratio.
+	fl=floor fl_what="dynamically linked: no static libc here"
+	if grep -q '^floor-static' "$R/exec.tsv"; then fl=floor-static fl_what="statically linked, as the ledger"; fi
+	read -r flms _ _ _ _ _ <<<"$(med "$R/exec.tsv" "$fl")"
+	read -r r l h <<<"$(ratio "$R/exec.tsv" add-10 "$fl")"
+	read -r c _ _ <<<"$(ratio "$R/exec.tsv" add-10 "$fl" cpu)"
+	rows+=("| 1b | ledger ADD vs floor (exec + one durable 600-byte write, $fl_what) | $(ms "$add10") | $(ms "$flms") | $(xci "$r" "$l" "$h") | $(x "$c") | ≤ 1.20× | $(verdict "$r" 1.20) |")
 	read -r r l h <<<"$(ratio "$R/exec.tsv" floor go-version)"
 	read -r c _ _ <<<"$(ratio "$R/exec.tsv" floor go-version cpu)"
 	ctx="exec of /bin/true: $(ms "$btrue"); cni-ledger VERSION: $(ms "$lver")"
@@ -434,9 +439,9 @@ if want 1; then
 		read -r r l h <<<"$(ratio "$R/exec.tsv" add-10-alt go-version)"
 		read -r c _ _ <<<"$(ratio "$R/exec.tsv" add-10-alt go-version cpu)"
 		rows+=("| 1d | ALT_LEDGER ADD vs Go plugin (its VERSION: $(ms "$altver")) | $(ms "$alt") | $(ms "$gover") | $(xci "$r" "$l" "$h") | $(x "$c") | ≤ 0.65× | $(verdict "$r" 0.65) |")
-		read -r r l h <<<"$(ratio "$R/exec.tsv" add-10-alt floor)"
-		read -r c _ _ <<<"$(ratio "$R/exec.tsv" add-10-alt floor cpu)"
-		rows+=("| 1e | ALT_LEDGER ADD vs floor | $(ms "$alt") | $(ms "$floor") | $(xci "$r" "$l" "$h") | $(x "$c") | ≤ 1.20× | $(verdict "$r" 1.20) |")
+		read -r r l h <<<"$(ratio "$R/exec.tsv" add-10-alt "$fl")"
+		read -r c _ _ <<<"$(ratio "$R/exec.tsv" add-10-alt "$fl" cpu)"
+		rows+=("| 1e | ALT_LEDGER ADD vs floor | $(ms "$alt") | $(ms "$flms") | $(xci "$r" "$l" "$h") | $(x "$c") | ≤ 1.20× | $(verdict "$r" 1.20) |")
 	fi
 else
 	rows+=("$(skipped 1 "ledger ADD vs Go plugin / floor" "≤ 0.65× / ≤ 1.20×")")

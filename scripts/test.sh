@@ -33,7 +33,7 @@ done
 export PATH
 command -v cargo >/dev/null 2>&1 || die "cargo not found; install Rust >= 1.89 (https://rustup.rs)"
 
-packages=(containernetworking-plugins golang-go golang-github-appc-cni-dev iptables iproute2 hyperfine python3 util-linux containerd gcc libc6-dev)
+packages=(containernetworking-plugins golang-go golang-github-appc-cni-dev iptables iproute2 hyperfine python3 util-linux containerd gcc libc6-dev strace debootstrap)
 missing=()
 for p in "${packages[@]}"; do
 	status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) || status=
@@ -44,6 +44,12 @@ if [ ${#missing[@]} -gt 0 ]; then
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get update
 	apt-get install -y "${packages[@]}"
+fi
+
+# tests/deb.rs builds the Debian package with cargo-deb (a few minutes to compile, once).
+if ! command -v cargo-deb >/dev/null 2>&1; then
+	say "installing cargo-deb"
+	cargo install cargo-deb --locked
 fi
 
 say "cargo fmt --check"

@@ -5,6 +5,8 @@
 //! that field to a real cache file, as libcni 1.2's cacheAdd writes it. Needs root.
 //!
 //!     cargo test --features testing --test adopt
+// Tests may unwrap: a panic there is a failed test with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

@@ -7,6 +7,8 @@
 //! CRI with the project's own gRPC client, as kubelet calls them. Needs root.
 //!
 //!     cargo test --features testing --test cri
+// Tests may unwrap: a panic there is a failed test with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

@@ -1,10 +1,13 @@
-//! Damaged records and snapshots (DESIGN §4 "Integrity"): truncated at random offsets
+//! Damaged records and snapshots (docs/DESIGN.md §4 "Integrity"): truncated at random offsets
 //! and bit-flipped (deterministic PRNG). Each damaged file must be detected (`verify`
 //! exits 1 and names it), never reported live by `list` (which shows it damaged and
 //! moves it to quarantine/), reported and quarantined by `gc` with no plugin run for it
 //! (counting plugin), and never silently deleted (quarantine holds the exact bytes).
 //!
 //!     cargo test --features testing --test damage -- --nocapture   (prints the figures)
+
+// Tests may unwrap: a panic is a failed test with its message ([lints] in Cargo.toml).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 mod rel;

@@ -4,6 +4,8 @@
 //! `dev*` name with a host-style alias stands in for a driver-moved NIC (it has no
 //! `device` entry, so the `names` pattern selects it). "The host" is the test's private
 //! host namespace, where libcni, the plugins and `cni-ledger gc` run.
+// Tests may unwrap: a panic there is a failed test with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

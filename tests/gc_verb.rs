@@ -17,6 +17,8 @@
 //! with. Needs root.
 //!
 //!     cargo test --features testing --test gc_verb
+// Tests may unwrap: a panic there is a failed test with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

@@ -11,6 +11,8 @@
 //! before bridge could delete anything there, so a regression fails loudly. Needs root.
 //!
 //!     cargo test --features testing --test identity
+// Tests may unwrap: a panic there is a failed test with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

@@ -1,9 +1,12 @@
-//! Acceptance tests of `cni-ledger inject` (DESIGN.md §3: the ledger listed first and
+//! Acceptance tests of `cni-ledger inject` (docs/DESIGN.md §3: the ledger listed first and
 //! declaring exactly the union of the chain's capabilities) on the conflists in
 //! testdata/conflists, then libcni loading and running the injected conflist. Needs root
 //! (the libcni part creates namespaces, bridges and iptables rules).
 //!
 //!     cargo test --features testing --test inject
+
+// Tests may unwrap: a panic is a failed test with its message ([lints] in Cargo.toml).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

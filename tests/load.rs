@@ -1,4 +1,4 @@
-//! Load (DESIGN §4 "Concurrency"): 64 processes at a time doing ADD/DEL through the
+//! Load (docs/DESIGN.md §4 "Concurrency"): 64 processes at a time doing ADD/DEL through the
 //! binary (each worker's own keys and keys all workers collide on) while two
 //! `gc --grace 0 --now` loops overlap, for a bounded time; some namespaces are deleted
 //! midway so that gc has stale records to replay. Every ADD carries a unique op id in
@@ -14,6 +14,9 @@
 //!     replayed twice, and no live attachment (namespace never deleted) replayed at all.
 //!
 //!     cargo test --features testing --test load -- --nocapture   (prints the figures)
+
+// Tests may unwrap: a panic is a failed test with its message ([lints] in Cargo.toml).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 mod rel;

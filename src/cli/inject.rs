@@ -4,10 +4,10 @@
 //! so a runtime watching the directory never reads half a file.
 
 use crate::conflist;
+use crate::ledger::fsio;
 use anyhow::{bail, Context, Result};
 use serde_json::{Map, Value};
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
@@ -92,28 +92,21 @@ pub fn transform(
     Ok(Value::Object(out))
 }
 
+/// Replaces the file through the ledger's atomic write (temp, fsync, rename, directory
+/// fsync), keeping its mode. The temporary name (`.tmp.<name>.<pid>.<n>`) is hidden and
+/// does not end in .conflist/.conf/.json: runtimes ignore it while it is written.
 fn write_replacing(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     let name = path.file_name().context("no file name")?.to_string_lossy();
-    // A name without the .conflist/.conf/.json ending: runtimes ignore it while it is written.
-    let tmp = dir.join(format!(".{name}.cni-ledger-tmp"));
-    let mode = std::fs::metadata(path)?.permissions().mode() & 0o7777;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(&tmp)
-        .with_context(|| format!("creating {}", tmp.display()))?;
-    f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
-    crate::ledger::fsio::fsync_dir(dir)?;
+    let mode = std::fs::metadata(path)
+        .map_err(fsio::at("examining", path))?
+        .permissions()
+        .mode()
+        & 0o7777;
+    fsio::write_atomic_mode(dir, &name, bytes, "conflist", mode)?;
     Ok(())
 }
 

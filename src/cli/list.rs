@@ -233,7 +233,7 @@ pub fn run(args: Args) -> Result<i32> {
                         .map_err(std::io::Error::from)
                         .and_then(|bytes| {
                             json.lock()
-                                .expect("no panics hold this lock")
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
                                 .push_raw(&bytes)
                         });
                     if let Err(err) = pushed {
@@ -267,7 +267,9 @@ pub fn run(args: Args) -> Result<i32> {
     }
     let device_notes = crate::devices::note::read_all(&ledger);
     if args.json {
-        let mut json = json.into_inner().expect("no panics hold this lock");
+        let mut json = json
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for o in &others {
             json.push(o)?;
         }

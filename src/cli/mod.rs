@@ -9,11 +9,28 @@ mod verify;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+/// `--help` and the man page's DESCRIPTION: the face clap does not see, and the files.
+const LONG_ABOUT: &str = "\
+Records every CNI ADD durably and replays DEL for sandboxes that vanished.
+
+With CNI_COMMAND set, cni-ledger is a chained CNI plugin: listed first in a conflist \
+(see `cni-ledger inject`), it writes a record of every ADD to its ledger before any \
+other plugin allocates anything, and drops the record on DEL. Without CNI_COMMAND it \
+is this command-line tool: `gc` replays DEL through the recorded chain for every record \
+whose sandbox is gone (run at boot and every 5 minutes by cni-ledger-gc.timer), `list` \
+and `verify` inspect the ledger, `inject` edits conflists.
+
+The ledger lives in /var/lib/cni-ledger (records/, snapshots/, locks/, quarantine/); \
+conflists are read from /etc/cni/net.d. Plugin options (ledgerDir, confDir, logFile, \
+logLevel, onLedgerError, capabilities, gcGraceSecs, lockTimeoutMs) go in the ledger's \
+own conflist entry.";
+
 #[derive(Parser)]
 #[command(
     name = "cni-ledger",
     version,
-    about = "Records every CNI ADD durably and replays DEL for sandboxes that vanished"
+    about = "Records every CNI ADD durably and replays DEL for sandboxes that vanished",
+    long_about = LONG_ABOUT
 )]
 struct Cli {
     #[command(subcommand)]
@@ -32,6 +49,11 @@ enum Cmd {
     Verify(verify::Args),
     /// Make records for attachments in libcni's cache that the ledger lacks.
     Adopt(adopt::Args),
+}
+
+/// The CLI's clap definition, for the generated man pages and completions.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
 }
 
 pub fn ledger_dir_default() -> PathBuf {

@@ -1,12 +1,15 @@
 //! The ledger's own entry in a conflist, as it arrives on stdin.
 
 use super::error::{self, CniError};
+use crate::logging::Level;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::path::PathBuf;
 
 pub const DEFAULT_LEDGER_DIR: &str = "/var/lib/cni-ledger";
 pub const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";
+/// How long ADD/DEL wait for an attachment a gc replay holds (`lockTimeoutMs`).
+pub const DEFAULT_LOCK_TIMEOUT_MS: u64 = 5000;
 /// Largest stdin accepted; a conflist is a few KiB, anything near this is an attack or a bug.
 pub const MAX_STDIN: usize = 1 << 20;
 
@@ -31,6 +34,8 @@ struct Raw {
     conf_dir: Option<PathBuf>,
     log_file: Option<PathBuf>,
     #[serde(default)]
+    log_level: Level,
+    #[serde(default)]
     on_ledger_error: OnLedgerError,
     #[serde(default)]
     capabilities: Map<String, Value>,
@@ -52,6 +57,7 @@ pub struct NetConf {
     pub ledger_dir: PathBuf,
     pub conf_dir: Option<PathBuf>,
     pub log_file: Option<PathBuf>,
+    pub log_level: Level,
     pub on_ledger_error: OnLedgerError,
     /// Capabilities the ledger's entry declares (only the `true` ones).
     pub capabilities: Vec<String>,
@@ -116,11 +122,12 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
             .unwrap_or_else(|| PathBuf::from(DEFAULT_LEDGER_DIR)),
         conf_dir: raw.conf_dir,
         log_file: raw.log_file,
+        log_level: raw.log_level,
         on_ledger_error: raw.on_ledger_error,
         capabilities,
         runtime_config: raw.runtime_config,
         prev_result: raw.prev_result,
-        lock_timeout_ms: raw.lock_timeout_ms.unwrap_or(5000),
+        lock_timeout_ms: raw.lock_timeout_ms.unwrap_or(DEFAULT_LOCK_TIMEOUT_MS),
         gc_grace_secs: raw.gc_grace_secs,
         return_devices,
         raw: value,
@@ -137,7 +144,10 @@ mod tests {
         assert_eq!(c.ledger_dir, PathBuf::from(DEFAULT_LEDGER_DIR));
         assert_eq!(c.capabilities, vec!["portMappings".to_string()]);
         assert_eq!(c.on_ledger_error, OnLedgerError::Fail);
-        assert_eq!(c.lock_timeout_ms, 5000);
+        assert_eq!(c.lock_timeout_ms, DEFAULT_LOCK_TIMEOUT_MS);
+        assert_eq!(c.log_level, Level::Error);
+        let c = parse(br#"{"name":"n","logLevel":"info"}"#).unwrap();
+        assert_eq!(c.log_level, Level::Info);
         assert_eq!(c.return_devices, None);
         let c = parse(br#"{"name":"n","returnDevices":{"names":["dev*"]}}"#).unwrap();
         assert_eq!(c.return_devices.unwrap().names, vec!["dev*".to_string()]);
@@ -159,6 +169,12 @@ mod tests {
         );
         assert_eq!(
             parse(br#"{"name":"../x"}"#).unwrap_err().code,
+            error::INVALID_NETWORK_CONFIG
+        );
+        assert_eq!(
+            parse(br#"{"name":"n","logLevel":"verbose"}"#)
+                .unwrap_err()
+                .code,
             error::INVALID_NETWORK_CONFIG
         );
         assert_eq!(

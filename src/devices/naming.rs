@@ -89,11 +89,12 @@ pub fn choose(link: &PodLink, taken: &HashSet<String>) -> (String, Source) {
     {
         return (name, Source::BusAddress);
     }
-    let name = (0u32..)
-        .map(|i| format!("dev{i}"))
-        .find(|n| free(n))
-        .expect("a host has fewer than 2^32 links");
-    (name, Source::Counter)
+    // A host has far fewer than 2^32 links, so a free devN always exists.
+    let mut i = 0u32;
+    while !free(&format!("dev{i}")) && i < u32::MAX {
+        i += 1;
+    }
+    (format!("dev{i}"), Source::Counter)
 }
 
 #[cfg(test)]

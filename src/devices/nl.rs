@@ -54,7 +54,8 @@ impl Conn {
             let (buf, _) = self.sock.recv_from_full()?;
             let mut at = 0;
             while at + NLMSG_HDRLEN <= buf.len() {
-                let len = u32::from_ne_bytes(buf[at..at + 4].try_into().expect("4 bytes")) as usize;
+                let len =
+                    u32::from_ne_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]) as usize;
                 if len < NLMSG_HDRLEN || at + len > buf.len() {
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidData,
@@ -64,7 +65,7 @@ impl Conn {
                 let frame = &buf[at..at + len];
                 at += (len + 3) & !3;
                 let kind = u16::from_ne_bytes([frame[4], frame[5]]);
-                let fseq = u32::from_ne_bytes(frame[8..12].try_into().expect("4 bytes"));
+                let fseq = u32::from_ne_bytes([frame[8], frame[9], frame[10], frame[11]]);
                 if fseq != seq {
                     continue; // a late answer to an earlier request
                 }
@@ -72,7 +73,7 @@ impl Conn {
                     NLMSG_ERROR => {
                         let code = frame
                             .get(NLMSG_HDRLEN..NLMSG_HDRLEN + 4)
-                            .map(|b| i32::from_ne_bytes(b.try_into().expect("4 bytes")))
+                            .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
                             .unwrap_or(0);
                         if code != 0 {
                             return Err(io::Error::from_raw_os_error(-code));

@@ -91,7 +91,7 @@ pub fn decode_dev(payload: &[u8]) -> Option<RdmaDev> {
     for (kind, v) in attrs(payload) {
         match kind {
             RDMA_NLDEV_ATTR_DEV_INDEX if v.len() >= 4 => {
-                index = Some(u32::from_ne_bytes(v[..4].try_into().expect("4 bytes")))
+                index = Some(u32::from_ne_bytes([v[0], v[1], v[2], v[3]]))
             }
             RDMA_NLDEV_ATTR_DEV_NAME => {
                 let v = v.split(|&b| b == 0).next().unwrap_or_default();

@@ -11,31 +11,93 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Prefix of temporary files; scans skip them and `verify` reports leftovers.
 pub const TMP_PREFIX: &str = ".tmp.";
 
+/// Names the path an I/O error is about, in the spirit of netavark's `fs_err!`: a bare
+/// "Permission denied" from deep in a write does not say which of five files it was.
+/// The kind is kept, so callers can still match on it.
+/// Use: `.map_err(at("fsync", dir))`.
+pub fn at<'a>(op: &'a str, path: &'a Path) -> impl FnOnce(io::Error) -> io::Error + 'a {
+    move |e| io::Error::new(e.kind(), format!("{op} {}: {e}", path.display()))
+}
+
 pub fn fsync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(at("fsync directory", dir))
+}
+
+/// Creates `dir` and its missing ancestors with `mode` (explicit, not the umask's
+/// default) and fsyncs the parent of each directory it created: a directory entry is
+/// durable only once its parent is synced, and a record fsynced into a directory whose
+/// own entry is lost would be lost with it. Returns whether it created anything.
+pub fn create_dir_all_durable(dir: &Path, mode: u32) -> io::Result<bool> {
+    use std::os::unix::fs::DirBuilderExt;
+    let mut missing = Vec::new();
+    let mut cur = Some(dir);
+    while let Some(p) = cur.filter(|p| !p.as_os_str().is_empty()) {
+        match std::fs::symlink_metadata(p) {
+            Ok(_) => break,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => missing.push(p),
+            Err(e) => return Err(at("examining", p)(e)),
+        }
+        cur = p.parent();
+    }
+    for p in missing.iter().rev() {
+        match std::fs::DirBuilder::new().mode(mode).create(p) {
+            // A concurrent creator's entry may not be durable yet either: sync it too.
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(at("creating", p)(e)),
+        }
+    }
+    for p in &missing {
+        if let Some(parent) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+            fsync_dir(parent)?;
+        }
+    }
+    Ok(!missing.is_empty())
 }
 
 /// Writes `bytes` to `dir/name`: temp file (0600, no symlink follow), fsync, rename,
 /// fsync of the directory. `what` names the crash points (`record`, `snapshot`).
 pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8], what: &str) -> io::Result<()> {
+    write_atomic_mode(dir, name, bytes, what, 0o600)
+}
+
+/// `write_atomic` giving the file `mode` exactly (whatever the umask), e.g. an edited
+/// file's own mode.
+pub fn write_atomic_mode(
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+    what: &str,
+    mode: u32,
+) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let tmp = dir.join(format!(
         "{TMP_PREFIX}{name}.{}.{}",
         std::process::id(),
         SEQ.fetch_add(1, Ordering::Relaxed)
     ));
+    let target = dir.join(name);
     let result = (|| {
         let mut f = OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o600)
+            .mode(mode)
             .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
+            .open(&tmp)
+            .map_err(at("creating", &tmp))?;
+        if mode != 0o600 {
+            // The umask may have taken bits the caller asked for.
+            f.set_permissions(std::fs::Permissions::from_mode(mode))
+                .map_err(at("chmod", &tmp))?;
+        }
+        f.write_all(bytes).map_err(at("writing", &tmp))?;
         crash_point(&format!("{what}.tmp-written"));
-        f.sync_all()?;
+        f.sync_all().map_err(at("fsync", &tmp))?;
         crash_point(&format!("{what}.tmp-synced"));
-        std::fs::rename(&tmp, dir.join(name))
+        std::fs::rename(&tmp, &target).map_err(at("renaming over", &target))
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -49,14 +111,15 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8], what: &str) -> io::Res
 
 /// Removes `dir/name` durably. Ok(false) when it was not there.
 pub fn remove_durable(dir: &Path, name: &str) -> io::Result<bool> {
-    match std::fs::remove_file(dir.join(name)) {
+    let path = dir.join(name);
+    match std::fs::remove_file(&path) {
         Ok(()) => {
             crash_point("remove.unlinked");
             fsync_dir(dir)?;
             Ok(true)
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(e),
+        Err(e) => Err(at("removing", &path)(e)),
     }
 }
 
@@ -100,6 +163,7 @@ pub fn read_nofollow(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
 /// syscall): open relative to the already open directory (no path walk per file), read
 /// to the end, close. `O_NOFOLLOW` still refuses a symlink swapped in since, and
 /// `O_NONBLOCK` keeps a FIFO from hanging the scan.
+#[allow(unsafe_code)]
 pub fn read_listed_file(dir: &File, name: &std::ffi::OsStr, limit: u64) -> io::Result<Vec<u8>> {
     use nix::fcntl::OFlag;
     use std::io::Read;
@@ -111,6 +175,7 @@ pub fn read_listed_file(dir: &File, name: &std::ffi::OsStr, limit: u64) -> io::R
         nix::sys::stat::Mode::empty(),
     )
     .map_err(io::Error::from)?;
+    // The crate's one unsafe block ([lints] in Cargo.toml denies the rest).
     // SAFETY: `fd` was just returned by a successful openat and is owned by nothing
     // else; the File takes sole ownership and closes it once.
     let f = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
@@ -148,6 +213,44 @@ mod tests {
         let pid = name.strip_prefix(TMP_PREFIX).unwrap().rsplit('.').nth(1);
         assert_eq!(pid, Some(std::process::id().to_string().as_str()));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn mode_keeping_write_and_errors_that_name_their_path() {
+        let dir = std::env::temp_dir().join(format!("cl-fsio-m-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        write_atomic_mode(&dir, "c.conflist", b"{}", "conflist", 0o664).unwrap();
+        let mode = std::fs::metadata(dir.join("c.conflist"))
+            .unwrap()
+            .permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o7777,
+            0o664
+        );
+        let missing = dir.join("no-such-dir");
+        let e = write_atomic(&missing, "x", b"1", "record").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        assert!(
+            e.to_string().contains(&missing.display().to_string()),
+            "{e}"
+        );
+        let e = fsync_dir(&missing).unwrap_err();
+        assert!(e.to_string().contains("no-such-dir"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn creating_a_chain_reports_what_it_made() {
+        let base = std::env::temp_dir().join(format!("cl-fsio-c-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let deep = base.join("a/b/c");
+        assert!(create_dir_all_durable(&deep, 0o755).unwrap());
+        assert!(deep.is_dir());
+        assert!(!create_dir_all_durable(&deep, 0o755).unwrap());
+        std::fs::write(base.join("file"), b"").unwrap();
+        let e = create_dir_all_durable(&base.join("file/x"), 0o755).unwrap_err();
+        assert!(e.to_string().contains("file/x"), "{e}");
+        std::fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]

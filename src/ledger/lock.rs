@@ -1,14 +1,21 @@
-//! Per-attachment locks: one flock'd file per key under `locks/`. A crashed holder's
-//! lock dies with its file descriptor, so nothing stays locked after a crash.
-//!
-//! Lock files are removed when their record is removed. To make that safe, a holder
-//! re-checks after locking that the path still names the file it locked; if someone
-//! unlinked it meanwhile, it starts over on the new file.
+//! Per-attachment locks: byte-range locks on one file, `locks/keys`, one byte per key at
+//! an offset taken from the key's sha256. An ADD therefore creates no file to lock: a
+//! lock file per key cost every ADD a second inode allocation and directory entry, as
+//! much kernel work as its record (bench/add-floor.sh). Open file description locks
+//! (`F_OFD_SETLK`) belong to the open file, like `flock`: released on close and when the
+//! holder dies, so a crash leaves nothing locked, and exclusive between two opens in one
+//! process (gc's worker threads). Two keys share a byte only if 62 bits of their sha256
+//! agree; they would then merely wait for each other.
 
+use super::fsio::at;
+use nix::fcntl::{fcntl, FcntlArg};
+use nix::libc;
+use sha2::{Digest, Sha256};
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 pub enum Wait {
@@ -18,10 +25,10 @@ pub enum Wait {
     Upto(Duration),
 }
 
+/// Holds one key's byte until dropped.
 #[derive(Debug)]
 pub struct KeyLock {
-    file: File,
-    path: PathBuf,
+    _file: File,
 }
 
 fn open_lock_file(path: &Path) -> io::Result<File> {
@@ -31,40 +38,48 @@ fn open_lock_file(path: &Path) -> io::Result<File> {
         .create(true)
         .truncate(false)
         .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
+        .map_err(at("opening lock", path))
 }
 
-fn still_linked(file: &File, path: &Path) -> io::Result<bool> {
-    let held = file.metadata()?;
-    match std::fs::symlink_metadata(path) {
-        Ok(now) => Ok(now.ino() == held.ino() && now.dev() == held.dev()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(e),
+/// The key's byte: below 2^62, so any off_t holds it.
+fn offset(key: &str) -> i64 {
+    let d = Sha256::digest(key.as_bytes());
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&d[..8]);
+    (u64::from_be_bytes(b) >> 2) as i64
+}
+
+/// Ok(true): locked; Ok(false): held by another open file.
+fn try_lock_byte(file: &File, at_byte: i64) -> io::Result<bool> {
+    let range = libc::flock {
+        l_type: libc::F_WRLCK as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: at_byte,
+        l_len: 1,
+        l_pid: 0, // must be 0 for OFD locks
+    };
+    match fcntl(file.as_raw_fd(), FcntlArg::F_OFD_SETLK(&range)) {
+        Ok(_) => Ok(true),
+        Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES) => Ok(false),
+        Err(e) => Err(io::Error::from(e)),
     }
 }
 
 impl KeyLock {
-    pub fn acquire(path: &Path, wait: Wait) -> io::Result<Option<KeyLock>> {
+    /// Locks `key`'s byte of the lock file at `path`, waiting as `wait` says.
+    pub fn acquire(path: &Path, key: &str, wait: Wait) -> io::Result<Option<KeyLock>> {
         let deadline = match wait {
             Wait::No => None,
             Wait::Upto(d) => Some(Instant::now() + d),
         };
+        let file = open_lock_file(path)?;
+        let at_byte = offset(key);
         let mut pause = Duration::from_micros(500);
         loop {
-            let file = open_lock_file(path)?;
-            match file.try_lock() {
-                Ok(()) => {
-                    if still_linked(&file, path)? {
-                        return Ok(Some(KeyLock {
-                            file,
-                            path: path.to_path_buf(),
-                        }));
-                    }
-                    continue; // unlinked by the previous holder: lock the new file
-                }
-                Err(TryLockError::WouldBlock) => {}
-                Err(TryLockError::Error(e)) => return Err(e),
+            if try_lock_byte(&file, at_byte).map_err(at("locking", path))? {
+                return Ok(Some(KeyLock { _file: file }));
             }
             match deadline {
                 Some(d) if Instant::now() < d => {
@@ -76,11 +91,10 @@ impl KeyLock {
         }
     }
 
-    /// Unlinks the lock file while still holding it, then releases it; for when the
-    /// record it guards is gone. Waiters re-check the link and move to a fresh file.
+    /// Releases the lock once the record it guards is gone. (Each key once had a lock
+    /// file, unlinked here; with byte-range locks there is nothing left to remove.)
     pub fn release_and_remove(self) {
-        let _ = std::fs::remove_file(&self.path);
-        drop(self.file);
+        drop(self);
     }
 }
 
@@ -91,7 +105,7 @@ pub struct SnapshotGuard(#[allow(dead_code)] File);
 impl SnapshotGuard {
     pub fn shared(path: &Path) -> io::Result<SnapshotGuard> {
         let f = open_lock_file(path)?;
-        f.lock_shared()?;
+        f.lock_shared().map_err(at("locking", path))?;
         Ok(SnapshotGuard(f))
     }
 
@@ -100,7 +114,7 @@ impl SnapshotGuard {
         match f.try_lock() {
             Ok(()) => Ok(Some(SnapshotGuard(f))),
             Err(TryLockError::WouldBlock) => Ok(None),
-            Err(TryLockError::Error(e)) => Err(e),
+            Err(TryLockError::Error(e)) => Err(at("locking", path)(e)),
         }
     }
 }
@@ -110,19 +124,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn second_holder_is_refused_until_release() {
+    fn second_holder_is_refused_until_release_and_other_keys_are_free() {
         let dir = std::env::temp_dir().join(format!("cl-lock-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("k.lock");
-        let a = KeyLock::acquire(&p, Wait::No).unwrap().unwrap();
-        assert!(KeyLock::acquire(&p, Wait::No).unwrap().is_none());
-        assert!(KeyLock::acquire(&p, Wait::Upto(Duration::from_millis(30)))
+        let p = dir.join("keys");
+        let a = KeyLock::acquire(&p, "n:c1:eth0", Wait::No)
+            .unwrap()
+            .unwrap();
+        // Another open of the file, as another process or gc thread would have.
+        assert!(KeyLock::acquire(&p, "n:c1:eth0", Wait::No)
             .unwrap()
             .is_none());
+        assert!(
+            KeyLock::acquire(&p, "n:c1:eth0", Wait::Upto(Duration::from_millis(30)))
+                .unwrap()
+                .is_none()
+        );
+        let other = KeyLock::acquire(&p, "n:c2:eth0", Wait::No).unwrap();
+        assert!(other.is_some(), "a different key is not held");
         a.release_and_remove();
-        assert!(!p.exists());
-        let b = KeyLock::acquire(&p, Wait::No).unwrap().unwrap();
+        let b = KeyLock::acquire(&p, "n:c1:eth0", Wait::No)
+            .unwrap()
+            .unwrap();
         drop(b);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "one lock file");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn offsets_are_stable_and_fit_an_off_t() {
+        // Processes of different builds must agree on a key's byte.
+        assert_eq!(offset("n:c1:eth0"), offset("n:c1:eth0"));
+        assert_ne!(offset("n:c1:eth0"), offset("n:c2:eth0"));
+        assert!(offset("x") >= 0);
     }
 }

@@ -4,7 +4,7 @@
 //! <ledgerDir>/                   0700 root
 //!   records/<net>:<cid>:<if>.json  one record (see record.rs), 0600
 //!   snapshots/<sha256>.json      exact conflist bytes, named by their sha256, shared
-//!   locks/<stem>.lock            flock per attachment; locks/.snapshots for sweeps
+//!   locks/keys                   a byte-range lock per attachment; locks/.snapshots for sweeps
 //!   quarantine/<name>.<secs>     damaged files moved aside, never acted on
 //! ```
 //!
@@ -19,6 +19,7 @@ use anyhow::{bail, Context, Result};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::PoisonError;
 
 pub use lock::{KeyLock, SnapshotGuard, Wait};
 pub use record::{Decoded, Key, Record};
@@ -32,6 +33,8 @@ pub fn scan_jobs() -> usize {
 }
 
 const RECORD_EXT: &str = ".json";
+/// The one file every attachment lock is a byte of (lock.rs).
+const KEY_LOCKS: &str = "keys";
 /// A record is a few KiB; anything larger is not one of ours.
 const MAX_RECORD: u64 = 4 << 20;
 const MAX_SNAPSHOT: u64 = 4 << 20;
@@ -81,12 +84,8 @@ impl Ledger {
         }
         if let Some(parent) = root.parent() {
             // Explicit mode: under a umask of 000 these would be world-writable, and
-            // anyone could then rename the ledger away.
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o755)
-                .create(parent)
-                .with_context(|| format!("creating {}", parent.display()))?;
+            // anyone could then rename the ledger away. Every new ancestor is fsynced.
+            fsio::create_dir_all_durable(parent, 0o755)?;
         }
         if mkdir_private(root).with_context(|| format!("creating {}", root.display()))? {
             if let Some(parent) = root.parent() {
@@ -129,8 +128,9 @@ impl Ledger {
     }
 
     pub fn lock(&self, stem: &str, wait: Wait) -> Result<Option<KeyLock>> {
-        let path = self.locks_dir().join(format!("{stem}.lock"));
-        KeyLock::acquire(&path, wait).with_context(|| format!("locking {}", path.display()))
+        let path = self.locks_dir().join(KEY_LOCKS);
+        KeyLock::acquire(&path, stem, wait)
+            .with_context(|| format!("locking {stem} in {}", path.display()))
     }
 
     pub fn snapshot_guard_shared(&self) -> Result<SnapshotGuard> {
@@ -201,11 +201,11 @@ impl Ledger {
         let accs = crate::workers::run(jobs, || {
             let mut acc = init();
             loop {
-                let next = rd.lock().expect("no panics hold this lock").next();
+                let next = rd.lock().unwrap_or_else(PoisonError::into_inner).next();
                 match next {
                     None => break,
                     Some(Err(e)) => {
-                        *failure.lock().expect("no panics hold this lock") = Some(e);
+                        *failure.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
                         break;
                     }
                     Some(Ok(item)) => {
@@ -217,7 +217,7 @@ impl Ledger {
             }
             acc
         });
-        if let Some(e) = failure.into_inner().expect("no panics hold this lock") {
+        if let Some(e) = failure.into_inner().unwrap_or_else(PoisonError::into_inner) {
             return Err(e).with_context(|| format!("listing {}", self.records_dir().display()));
         }
         Ok(accs)
@@ -272,7 +272,9 @@ impl Ledger {
     /// it went. The file is never acted on and never deleted.
     pub fn quarantine(&self, path: &Path) -> Result<PathBuf> {
         let qdir = self.quarantine_dir();
-        mkdir_private(&qdir).with_context(|| format!("creating {}", qdir.display()))?;
+        if mkdir_private(&qdir).with_context(|| format!("creating {}", qdir.display()))? {
+            fsio::fsync_dir(&self.root)?;
+        }
         let name = path
             .file_name()
             .context("quarantine: path has no file name")?
@@ -364,7 +366,8 @@ impl Ledger {
         };
         let mut out = Vec::new();
         for item in rd {
-            let name = item?.file_name().to_string_lossy().into_owned();
+            let item = item.with_context(|| format!("listing {}", dir.display()))?;
+            let name = item.file_name().to_string_lossy().into_owned();
             if let Some(stem) = name.strip_suffix(RECORD_EXT) {
                 if !name.starts_with(fsio::TMP_PREFIX) {
                     out.push(stem.to_string());

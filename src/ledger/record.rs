@@ -110,6 +110,8 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 pub fn encode(record: &Record) -> Vec<u8> {
+    // Plain fields and string-keyed maps: serialising cannot fail.
+    #[allow(clippy::expect_used)]
     let body = serde_json::to_string(record).expect("a record always serialises");
     format!(
         "{{\"format\":{FORMAT},\"sha256\":\"{}\",\"record\":{body}}}\n",

@@ -19,7 +19,8 @@ pub fn add(conf: &NetConf, args: &CmdArgs) -> Result<Value, CniError> {
     match record(conf, args) {
         Ok(()) => Ok(result),
         Err(e) if conf.on_ledger_error == OnLedgerError::Warn => {
-            crate::warn!(
+            // An error let through, not a warning: it must reach the runtime's log.
+            crate::error!(
                 "ADD {}/{}/{}: not recorded, going on (onLedgerError=warn): {e}",
                 conf.name,
                 args.container_id,

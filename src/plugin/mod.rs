@@ -21,31 +21,47 @@ pub fn error_version() -> &'static str {
     ERROR_VERSION.get().map_or(version::LATEST, String::as_str)
 }
 
-/// Runs the plugin; returns the process exit status.
+/// Runs the plugin on the process's environment, stdin and stdout; returns the exit
+/// status.
 pub fn main() -> i32 {
+    let getenv = |k: &str| std::env::var(k).ok();
+    run_with(
+        &getenv,
+        &mut std::io::stdin().lock(),
+        &mut std::io::stdout().lock(),
+    )
+}
+
+/// The dispatcher, with its inputs passed in (as skel's `PluginMainFuncs` dispatcher
+/// takes `Getenv`, `Stdin` and `Stdout`), so the order of its checks is testable
+/// in-process. Every error is answered as one CNI error object on `stdout`.
+pub fn run_with(
+    getenv: &dyn Fn(&str) -> Option<String>,
+    stdin: &mut dyn Read,
+    stdout: &mut dyn Write,
+) -> i32 {
     let mut cni_version = version::LATEST.to_string();
-    match run(&mut cni_version) {
-        Ok(Some(out)) => print_json(&out),
+    match run(getenv, stdin, &mut cni_version) {
+        Ok(Some(out)) => print_json(stdout, &out),
         Ok(None) => 0,
         Err(e) => {
             crate::error!("{e}");
-            print_json(&e.to_json(&cni_version));
+            print_json(stdout, &e.to_json(&cni_version));
             1
         }
     }
 }
 
-fn print_json(v: &Value) -> i32 {
-    let mut out = std::io::stdout().lock();
+fn print_json(out: &mut dyn Write, v: &Value) -> i32 {
     match writeln!(out, "{v}").and_then(|_| out.flush()) {
         Ok(()) => 0,
         Err(_) => 1,
     }
 }
 
-fn read_stdin() -> Result<Vec<u8>, CniError> {
+fn read_stdin(stdin: &mut dyn Read) -> Result<Vec<u8>, CniError> {
     let mut buf = Vec::new();
-    std::io::stdin()
+    stdin
         .take(MAX_STDIN as u64 + 1)
         .read_to_end(&mut buf)
         .map_err(|e| CniError::new(error::IO_FAILURE, "error reading from stdin", e.to_string()))?;
@@ -59,8 +75,15 @@ fn read_stdin() -> Result<Vec<u8>, CniError> {
     Ok(buf)
 }
 
-fn run(cni_version: &mut String) -> Result<Option<Value>, CniError> {
-    let raw_cmd = std::env::var("CNI_COMMAND").unwrap_or_default();
+/// The checks, in skel's order: the command (VERSION answers at once), the variables
+/// the command requires, the configuration, the names that become file names, the
+/// configuration's version, the version the command needs.
+fn run(
+    getenv: &dyn Fn(&str) -> Option<String>,
+    stdin: &mut dyn Read,
+    cni_version: &mut String,
+) -> Result<Option<Value>, CniError> {
+    let raw_cmd = getenv("CNI_COMMAND").unwrap_or_default();
     let cmd = Command::parse(&raw_cmd).ok_or_else(|| {
         CniError::new(
             error::INVALID_ENV,
@@ -69,10 +92,10 @@ fn run(cni_version: &mut String) -> Result<Option<Value>, CniError> {
         )
     })?;
     if cmd == Command::Version {
-        return Ok(Some(version_info(&read_stdin().unwrap_or_default())));
+        return Ok(Some(version_info(&read_stdin(stdin).unwrap_or_default())));
     }
-    let args = env::read(cmd, |k| std::env::var(k).ok())?;
-    let stdin = read_stdin()?;
+    let args = env::read(cmd, getenv)?;
+    let stdin = read_stdin(stdin)?;
     let conf = config::parse(&stdin)?;
     if matches!(cmd, Command::Add | Command::Del | Command::Check) {
         env::validate_container_id(&args.container_id)?;
@@ -105,7 +128,15 @@ fn run(cni_version: &mut String) -> Result<Option<Value>, CniError> {
             ));
         }
     }
+    crate::logging::set_level(conf.log_level);
     crate::logging::init(conf.log_file.as_deref());
+    crate::debug!(
+        "{raw_cmd} {}/{}/{} netns {:?}",
+        conf.name,
+        args.container_id,
+        args.ifname,
+        args.netns
+    );
     dispatch(cmd, &conf, &args)
 }
 
@@ -145,4 +176,148 @@ fn busy(key: &crate::ledger::Key) -> CniError {
         "attachment is being cleaned up by cni-ledger gc; try again later",
         key.to_string(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    //! The dispatcher's order of checks, in-process: each case breaks two things and
+    //! asserts that the earlier check answers. None of them reaches the ledger.
+    use super::*;
+    use std::collections::HashMap;
+
+    const ADD_ENV: &[(&str, &str)] = &[
+        ("CNI_COMMAND", "ADD"),
+        ("CNI_CONTAINERID", "c1"),
+        ("CNI_NETNS", "/run/netns/x"),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_PATH", "/opt/cni/bin"),
+    ];
+
+    /// Runs the dispatcher; returns the exit status and the one JSON line on stdout.
+    fn call(env: &[(&str, &str)], stdin: &[u8]) -> (i32, Value) {
+        let env: HashMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let getenv = |k: &str| env.get(k).cloned();
+        let mut out = Vec::new();
+        let status = run_with(&getenv, &mut &stdin[..], &mut out);
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.lines().count(), 1, "one JSON line on stdout: {text:?}");
+        (status, serde_json::from_str(&text).unwrap())
+    }
+
+    fn with(env: &[(&str, &str)], key: &str, val: &str) -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = env
+            .iter()
+            .filter(|(k, _)| *k != key)
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        if !val.is_empty() {
+            v.push((key.to_string(), val.to_string()));
+        }
+        v
+    }
+
+    fn refs(v: &[(String, String)]) -> Vec<(&str, &str)> {
+        v.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+    }
+
+    fn code(env: &[(String, String)], stdin: &[u8]) -> u64 {
+        let (status, v) = call(&refs(env), stdin);
+        assert_eq!(status, 1, "{v}");
+        v["code"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no code in {v}"))
+    }
+
+    fn conf(version: &str, name: &str) -> Vec<u8> {
+        json!({"cniVersion": version, "name": name, "type": "cni-ledger"})
+            .to_string()
+            .into_bytes()
+    }
+
+    #[test]
+    fn version_needs_nothing_else_and_answers_in_the_asked_version() {
+        let (status, v) = call(&[("CNI_COMMAND", "VERSION")], b"not json");
+        assert_eq!(status, 0);
+        assert_eq!(v["cniVersion"], json!(version::LATEST));
+        assert_eq!(v["supportedVersions"], json!(version::SUPPORTED));
+        let (_, v) = call(&[("CNI_COMMAND", "VERSION")], br#"{"cniVersion":"0.4.0"}"#);
+        assert_eq!(v["cniVersion"], json!("0.4.0"));
+        let (_, v) = call(&[("CNI_COMMAND", "VERSION")], br#"{"cniVersion":"0.2.0"}"#);
+        assert_eq!(v["cniVersion"], json!(version::LATEST), "unsupported: ours");
+    }
+
+    #[test]
+    fn the_command_is_checked_before_env_and_config() {
+        for cmd in ["", "add", "NOPE"] {
+            let env = with(&[], "CNI_COMMAND", cmd);
+            assert_eq!(
+                code(&env, b"{nope"),
+                u64::from(error::INVALID_ENV),
+                "{cmd:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn required_env_is_checked_before_the_config() {
+        let no_id = with(ADD_ENV, "CNI_CONTAINERID", "");
+        assert_eq!(code(&no_id, b"{nope"), u64::from(error::UNKNOWN_CONTAINER));
+        let no_netns = with(ADD_ENV, "CNI_NETNS", "");
+        let (_, v) = call(&refs(&no_netns), b"{nope");
+        assert_eq!(v["code"], json!(error::INVALID_ENV), "{v}");
+        assert!(v["msg"].as_str().unwrap().contains("CNI_NETNS"), "{v}");
+        // DEL needs no namespace: its bad config is what is reported.
+        let del = with(&refs(&no_netns), "CNI_COMMAND", "DEL");
+        assert_eq!(code(&del, b"{nope"), u64::from(error::DECODING_FAILURE));
+    }
+
+    #[test]
+    fn the_config_is_checked_before_names_and_versions() {
+        let bad_id = with(ADD_ENV, "CNI_CONTAINERID", "../x");
+        assert_eq!(code(&bad_id, b"{nope"), u64::from(error::DECODING_FAILURE));
+        assert_eq!(
+            code(&bad_id, &conf("0.2.0", "bad/name")),
+            u64::from(error::INVALID_NETWORK_CONFIG)
+        );
+        let too_big = vec![b' '; MAX_STDIN + 1];
+        assert_eq!(
+            code(&with(ADD_ENV, "X", ""), &too_big),
+            u64::from(error::DECODING_FAILURE)
+        );
+    }
+
+    #[test]
+    fn names_are_checked_before_the_config_version() {
+        let bad_id = with(ADD_ENV, "CNI_CONTAINERID", "../x");
+        assert_eq!(
+            code(&bad_id, &conf("0.2.0", "n")),
+            u64::from(error::INVALID_ENV)
+        );
+        let bad_if = with(ADD_ENV, "CNI_IFNAME", "a/b");
+        assert_eq!(
+            code(&bad_if, &conf("0.2.0", "n")),
+            u64::from(error::INVALID_ENV)
+        );
+    }
+
+    #[test]
+    fn versions_are_checked_last_and_errors_speak_the_request_version() {
+        let env = with(ADD_ENV, "X", "");
+        let (_, v) = call(&refs(&env), &conf("0.2.0", "n"));
+        assert_eq!(v["code"], json!(error::INCOMPATIBLE_VERSION), "{v}");
+        assert_eq!(v["cniVersion"], json!(version::LATEST), "{v}");
+        // Supported, but too old for the command: answered in the request's version.
+        let check = with(ADD_ENV, "CNI_COMMAND", "CHECK");
+        let (_, v) = call(&refs(&check), &conf("0.3.1", "n"));
+        assert_eq!(v["code"], json!(error::INCOMPATIBLE_VERSION), "{v}");
+        assert_eq!(v["cniVersion"], json!("0.3.1"), "{v}");
+        for cmd in ["STATUS", "GC"] {
+            let env = vec![("CNI_COMMAND".to_string(), cmd.to_string())];
+            let (_, v) = call(&refs(&env), &conf("1.0.0", "n"));
+            assert_eq!(v["code"], json!(error::INCOMPATIBLE_VERSION), "{cmd}: {v}");
+        }
+    }
 }

@@ -41,6 +41,8 @@ fn is_nsfs(f: &File) -> bool {
         .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::NSFS_MAGIC)
 }
 
+// The nsfs ioctl has no safe wrapper.
+#[allow(unsafe_code)]
 pub fn ioctl_cookie(ns: &File) -> Result<u64, Errno> {
     let mut id = 0u64;
     // SAFETY: the descriptor stays open (borrowed from `ns`) for the call, and the
@@ -52,6 +54,8 @@ pub fn ioctl_cookie(ns: &File) -> Result<u64, Errno> {
 /// Reads the cookie from a socket made inside the namespace. The entering happens on a
 /// thread of its own that ends right after: a thread's namespace is inherited by what it
 /// starts, so no thread that does anything else may ever have been moved.
+// nix has no SO_NETNS_COOKIE option: getsockopt(2) directly.
+#[allow(unsafe_code)]
 pub fn socket_cookie(ns: &File) -> io::Result<u64> {
     let fd = ns.as_fd();
     std::thread::scope(|s| {

@@ -1,6 +1,6 @@
 //! Shared harness for cni-ledger's integration tests.
 //!
-//! Everything runs against real parts (DESIGN.md §9): network namespaces made with
+//! Everything runs against real parts (docs/DESIGN.md §9): network namespaces made with
 //! `ip netns add`, the plugins of Debian's `containernetworking-plugins` in /usr/lib/cni,
 //! and libcni itself through the small Go driver in `tests/driver/main.go`.
 //!
@@ -381,6 +381,75 @@ impl ChainSpec {
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// the base of every test world
+// ---------------------------------------------------------------------------------------
+
+/// What every test world has, whether it drives the ledger through libcni and Debian's
+/// plugins (`Fixture`) or invokes it directly beside a counting plugin (tests/rel's
+/// `World`): a ledger directory and the CLI run on it.
+pub trait LedgerHome {
+    fn ledger_dir(&self) -> &Path;
+
+    /// `cni-ledger <args...> --ledger-dir <ledger>`, ready to run or to add to.
+    fn cli_command(&self, args: &[&str]) -> Command;
+
+    fn records_dir(&self) -> PathBuf {
+        self.ledger_dir().join("records")
+    }
+
+    fn snapshots_dir(&self) -> PathBuf {
+        self.ledger_dir().join("snapshots")
+    }
+
+    fn quarantine_dir(&self) -> PathBuf {
+        self.ledger_dir().join("quarantine")
+    }
+
+    /// `cni-ledger list --json`, parsed; panics (with the output) unless it succeeds.
+    fn list_json(&self) -> Vec<Value> {
+        let out = self
+            .cli_command(&["list", "--json"])
+            .output()
+            .expect("run cni-ledger");
+        assert!(
+            out.status.success(),
+            "cni-ledger list --json failed: {}",
+            describe(&out)
+        );
+        match serde_json::from_slice::<Value>(&out.stdout) {
+            Ok(Value::Array(a)) => a,
+            other => panic!(
+                "list --json did not print an array ({other:?}): {}",
+                describe(&out)
+            ),
+        }
+    }
+}
+
+/// The ledger's own conflist entry, as every test world writes it.
+pub fn ledger_entry(ledger_dir: &Path, conf_dir: &Path, log_file: &Path) -> Value {
+    json!({
+        "type": "cni-ledger",
+        "ledgerDir": ledger_dir,
+        "confDir": conf_dir,
+        "logFile": log_file,
+        // The tests read what ADD and DEL log; the default (`error`) is quiet.
+        "logLevel": "info",
+    })
+}
+
+impl LedgerHome for Fixture {
+    fn ledger_dir(&self) -> &Path {
+        &self.ledger_dir
+    }
+
+    /// Run inside the fixture's host namespace.
+    fn cli_command(&self, args: &[&str]) -> Command {
+        self.ledger_cmd(args)
+    }
+}
+
 /// One test's world: a host namespace, a temp dir with conf dir, ledger dir, libcni
 /// cache dir, host-local dataDir, log file and a CNI bin dir holding `cni-ledger`.
 pub struct Fixture {
@@ -461,12 +530,7 @@ impl Fixture {
 
     /// The ledger's own conflist entry (as written into the conflist).
     pub fn ledger_entry(&self, spec: &ChainSpec) -> Value {
-        let mut e = json!({
-            "type": "cni-ledger",
-            "ledgerDir": self.ledger_dir,
-            "confDir": self.conf_dir,
-            "logFile": self.log_file,
-        });
+        let mut e = ledger_entry(&self.ledger_dir, &self.conf_dir, &self.log_file);
         if spec.portmap {
             e["capabilities"] = json!({"portMappings": true});
         }
@@ -533,18 +597,6 @@ impl Fixture {
     /// `CNI_PATH` for the driver: the dir holding `cni-ledger`, then /usr/lib/cni.
     pub fn cni_path(&self) -> String {
         format!("{}:{}", self.bin_dir.display(), CNI_PLUGIN_DIR)
-    }
-
-    pub fn records_dir(&self) -> PathBuf {
-        self.ledger_dir.join("records")
-    }
-
-    pub fn snapshots_dir(&self) -> PathBuf {
-        self.ledger_dir.join("snapshots")
-    }
-
-    pub fn quarantine_dir(&self) -> PathBuf {
-        self.ledger_dir.join("quarantine")
     }
 
     /// Expected record file for an attachment of this fixture's network.
@@ -727,23 +779,6 @@ impl Fixture {
         let out = self.ledger(&all);
         let v = serde_json::from_slice(&out.stdout).ok();
         (out, v)
-    }
-
-    /// `cni-ledger list --json`, parsed; panics (with the output) unless it succeeds.
-    pub fn list_json(&self) -> Vec<Value> {
-        let out = self.ledger(&["list", "--json"]);
-        assert!(
-            out.status.success(),
-            "cni-ledger list --json failed: {}",
-            describe(&out)
-        );
-        match serde_json::from_slice::<Value>(&out.stdout) {
-            Ok(Value::Array(a)) => a,
-            other => panic!(
-                "list --json did not print an array ({other:?}): {}",
-                describe(&out)
-            ),
-        }
     }
 
     /// The list row of one attachment.

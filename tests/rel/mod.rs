@@ -7,9 +7,11 @@
 //! flag file named after the container ID), and detects two DELs of one attachment at once
 //! (`flock -n` on a per-key lock file; an overlap is logged as `OVERLAP`). The ledger
 //! binary is invoked directly as a plugin (CNI_COMMAND + stdin), like libcni would.
+//! `World` shares tests/common's base (`LedgerHome`, the ledger entry, the plugin runner)
+//! with `Fixture`.
 #![allow(dead_code)]
 
-use crate::common::{describe, ledger_bin, run_with_stdin, TempDir};
+use crate::common::{describe, ledger_bin, ledger_entry, run_plugin, LedgerHome, TempDir};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -195,13 +197,9 @@ impl World {
 
     /// The ledger's own conflist entry.
     pub fn ledger_entry(&self) -> Value {
-        json!({
-            "type": "cni-ledger",
-            "ledgerDir": self.ledger_dir,
-            "confDir": self.conf_dir,
-            "logFile": self.plugin_log,
-            "lockTimeoutMs": 3000,
-        })
+        let mut e = ledger_entry(&self.ledger_dir, &self.conf_dir, &self.plugin_log);
+        e["lockTimeoutMs"] = json!(3000);
+        e
     }
 
     /// `[cni-ledger, plugins...]`; `variant` changes the bytes (and so the snapshot).
@@ -241,20 +239,18 @@ impl World {
         netns: Option<&str>,
         extra: &[(&str, &str)],
     ) -> Output {
-        let mut c = Command::new(ledger_bin());
-        c.env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .env("CNI_COMMAND", command)
-            .env("CNI_CONTAINERID", cid)
-            .env("CNI_IFNAME", ifname)
-            .env("CNI_PATH", self.cni_path());
-        if let Some(ns) = netns {
-            c.env("CNI_NETNS", ns);
-        }
-        for (k, v) in extra {
-            c.env(k, v);
-        }
-        run_with_stdin(c, &self.stdin())
+        let mut env: Vec<(String, String)> = [
+            ("CNI_COMMAND", command),
+            ("CNI_CONTAINERID", cid),
+            ("CNI_IFNAME", ifname),
+        ]
+        .iter()
+        .chain(netns.map(|ns| ("CNI_NETNS", ns)).iter())
+        .chain(extra)
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        env.push(("CNI_PATH".into(), self.cni_path()));
+        run_plugin(&env, &self.stdin())
     }
 
     /// ADD that must succeed.
@@ -313,29 +309,6 @@ impl World {
         self.cli(&["verify"], &[])
     }
 
-    pub fn list_json(&self) -> Vec<Value> {
-        let out = self.cli(&["list", "--json"], &[]);
-        assert!(
-            out.status.success(),
-            "list --json failed: {}",
-            describe(&out)
-        );
-        match serde_json::from_slice(&out.stdout) {
-            Ok(Value::Array(a)) => a,
-            other => panic!("list --json: {other:?}: {}", describe(&out)),
-        }
-    }
-
-    pub fn records_dir(&self) -> PathBuf {
-        self.ledger_dir.join("records")
-    }
-    pub fn snapshots_dir(&self) -> PathBuf {
-        self.ledger_dir.join("snapshots")
-    }
-    pub fn quarantine_dir(&self) -> PathBuf {
-        self.ledger_dir.join("quarantine")
-    }
-
     pub fn record_name(&self, cid: &str) -> String {
         format!("{}:{cid}:eth0.json", self.network)
     }
@@ -383,6 +356,16 @@ impl World {
         for n in crate::common::list_dir(&self.fail_dir) {
             let _ = fs::remove_file(self.fail_dir.join(n));
         }
+    }
+}
+
+impl LedgerHome for World {
+    fn ledger_dir(&self) -> &Path {
+        &self.ledger_dir
+    }
+
+    fn cli_command(&self, args: &[&str]) -> Command {
+        self.cli_cmd(args)
     }
 }
 
