@@ -39,6 +39,9 @@ pub struct Options {
     pub max_attempts: u32,
     pub jobs: usize,
     pub retry_failed: bool,
+    /// Set by a shutting-down caller (the agent on SIGTERM): replays in progress finish,
+    /// no new one starts.
+    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Options {
@@ -57,6 +60,7 @@ impl Options {
             max_attempts: 24,
             jobs: 4,
             retry_failed: false,
+            stop: None,
         }
     }
 }
@@ -273,6 +277,13 @@ pub fn run(opts: &Options) -> Result<Report> {
     let results = Mutex::new(Vec::with_capacity(candidates.len()));
     crate::workers::run(opts.jobs.clamp(1, 64).min(candidates.len().max(1)), || {
         loop {
+            if opts
+                .stop
+                .as_ref()
+                .is_some_and(|s| s.load(Ordering::Relaxed))
+            {
+                break;
+            }
             let i = next.fetch_add(1, Ordering::Relaxed);
             let Some((rec, reason)) = candidates.get(i) else {
                 break;

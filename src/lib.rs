@@ -1,11 +1,13 @@
 //! cni-ledger: a chained CNI plugin that records every ADD durably, and a command-line
 //! tool that replays DEL for attachments whose sandboxes vanished (DESIGN.md).
 
+pub mod agent;
 pub mod cli;
 pub mod cni;
 pub mod conflist;
 pub mod faults;
 pub mod gc;
+pub mod injection;
 pub mod ledger;
 pub mod logging;
 pub mod plugin;

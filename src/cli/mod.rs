@@ -1,5 +1,6 @@
 //! The command-line face: selected when `CNI_COMMAND` is not set.
 
+mod agent;
 mod gc;
 mod inject;
 mod list;
@@ -29,6 +30,9 @@ enum Cmd {
     Inject(inject::Args),
     /// Check every record and snapshot; exit 1 on any damage. Changes nothing.
     Verify(verify::Args),
+    /// Keep this node covered: install the binary, keep the ledger in the chain, run gc,
+    /// serve metrics.
+    Agent(agent::Args),
 }
 
 pub fn ledger_dir_default() -> PathBuf {
@@ -52,6 +56,7 @@ pub fn main() -> i32 {
         Cmd::Gc(a) => gc::run(a),
         Cmd::Inject(a) => inject::run(a),
         Cmd::Verify(a) => verify::run(a),
+        Cmd::Agent(a) => agent::run(a),
     };
     match result {
         Ok(code) => code,
