@@ -53,6 +53,10 @@ pub struct Args {
     /// Append log lines here instead of stderr.
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
+    /// Also write the run's metrics here in node_exporter's textfile format (the agent's
+    /// /metrics names; counters continue from the file's previous values), by rename.
+    #[arg(long, value_name = "PATH")]
+    metrics_file: Option<PathBuf>,
 }
 
 fn read_valid(path: &PathBuf) -> Result<HashSet<(String, String)>> {
@@ -87,13 +91,35 @@ pub fn run(args: Args) -> Result<i32> {
     opts.cni_path = args.cni_path.map(|p| std::env::split_paths(&p).collect());
     opts.max_attempts = args.max_attempts.max(1);
     opts.jobs = args.jobs.max(1);
-    let report = gc::run(&opts)?;
+    let started = std::time::Instant::now();
+    let result = gc::run(&opts);
+    if let Some(path) = &args.metrics_file {
+        write_metrics(path, &opts, result.as_ref().ok(), started.elapsed());
+    }
+    let report = result?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print_human(&report);
     }
     Ok(report.exit_code())
+}
+
+fn write_metrics(
+    path: &std::path::Path,
+    opts: &gc::Options,
+    report: Option<&Report>,
+    took: Duration,
+) {
+    let m = crate::agent::metrics::Metrics::new();
+    match report {
+        Some(r) => m.observe_gc(r, took.as_secs_f64()),
+        None => m.observe_gc_error(took.as_secs_f64()),
+    }
+    m.observe_ledger(&crate::ledger::Ledger::at(&opts.ledger_dir));
+    if let Err(e) = m.write_file(path) {
+        crate::error!("gc: writing metrics to {}: {e:#}", path.display());
+    }
 }
 
 fn print_human(r: &Report) {
