@@ -119,8 +119,9 @@ pub fn conflist_from_conf(doc: &Value) -> Option<Value> {
 }
 
 /// Replaces `path` by a temp file (same mode, fsynced) renamed over it, then fsyncs the
-/// directory: a reader sees the old bytes or the new, never a mix.
-pub fn write_replacing(path: &Path, bytes: &[u8]) -> Result<()> {
+/// directory: a reader sees the old bytes or the new, never a mix. Returns the new file's
+/// inode number.
+pub fn write_replacing(path: &Path, bytes: &[u8]) -> Result<u64> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -140,9 +141,10 @@ pub fn write_replacing(path: &Path, bytes: &[u8]) -> Result<()> {
     f.set_permissions(std::fs::Permissions::from_mode(mode))?;
     f.write_all(bytes)?;
     f.sync_all()?;
+    let ino = std::os::unix::fs::MetadataExt::ino(&f.metadata()?);
     std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
     crate::ledger::fsio::fsync_dir(dir)?;
-    Ok(())
+    Ok(ino)
 }
 
 #[cfg(test)]

@@ -527,29 +527,32 @@ fn write_verified(
     shared: &Shared,
 ) -> bool {
     let label = path.display().to_string();
-    if let Err(e) = injection::write_replacing(path, text.as_bytes()) {
-        crate::error!("agent: {label}: {e:#}");
-        st.error = Some(format!("{e:#}"));
-        return false;
-    }
+    let ino = match injection::write_replacing(path, text.as_bytes()) {
+        Ok(ino) => ino,
+        Err(e) => {
+            crate::error!("agent: {label}: {e:#}");
+            st.error = Some(format!("{e:#}"));
+            return false;
+        }
+    };
+    crate::info!("agent: {label}: ledger injected");
     shared.metrics.injections.with_label_values(&[&label]).inc();
+    // Ours from here: a writer that changes it even before the read-back below has
+    // reverted it, and its event brings the next pass.
+    st.ours = Some(text.as_bytes().to_vec());
+    st.ours_doc = serde_json::from_str(text).ok();
+    st.ours_ino = Some(ino);
     let back = std::fs::read(path).unwrap_or_default();
-    match injection::plan(path, &back, plugin_type, entry, false) {
-        Ok(p) if !p.changed => {
-            crate::info!("agent: {label}: ledger injected");
-            st.ours_ino = std::fs::metadata(path).ok().map(|m| m.ino());
-            st.ours = Some(back);
-            st.ours_doc = Some(p.doc);
-            st.error = None;
-            true
-        }
-        _ => {
-            // Someone wrote in between; the next event takes it from there.
-            st.ours = None;
-            st.error = Some("changed again right after the injection".into());
-            false
-        }
+    if back == text.as_bytes() {
+        st.error = None;
+        return true;
     }
+    let injected =
+        injection::plan(path, &back, plugin_type, entry, false).is_ok_and(|p| !p.changed);
+    if !injected {
+        st.error = Some("changed again right after the injection".into());
+    }
+    injected
 }
 
 /// A file that did not exist under this name: temp + fsync + rename, mode of `like`.
