@@ -32,7 +32,8 @@ done
 export PATH
 command -v cargo >/dev/null 2>&1 || die "cargo not found; install Rust >= 1.89 (https://rustup.rs)"
 
-packages=(containernetworking-plugins golang-go golang-github-appc-cni-dev iptables iproute2 hyperfine)
+packages=(containernetworking-plugins golang-go golang-github-appc-cni-dev iptables iproute2 hyperfine
+	podman curl prometheus python3-venv)
 missing=()
 for p in "${packages[@]}"; do
 	status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) || status=
@@ -43,6 +44,15 @@ if [ ${#missing[@]} -gt 0 ]; then
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get update
 	apt-get install -y "${packages[@]}"
+fi
+
+# The manifest's offline schema check (tests/agent_image.rs): PyPI's kubernetes-validate
+# (and PyYAML, to read the manifest) in a venv of the project's own.
+venv=target/test-venv
+if [ ! -x "$venv/bin/kubernetes-validate" ]; then
+	say "installing kubernetes-validate and PyYAML into $venv"
+	python3 -m venv "$venv"
+	"$venv/bin/pip" install --quiet kubernetes-validate pyyaml
 fi
 
 say "cargo fmt --check"

@@ -33,6 +33,8 @@ pub struct Installer {
     source: PathBuf,
     name: String,
     verified: Vec<(PathBuf, Option<Seen>)>,
+    /// Where the agent itself was started from (under systemd: the bin dir itself).
+    running_from: Option<PathBuf>,
 }
 
 impl Installer {
@@ -41,6 +43,10 @@ impl Installer {
             source,
             name: name.to_string(),
             verified: dirs.iter().map(|d| (d.clone(), None)).collect(),
+            running_from: std::fs::read_link("/proc/self/exe").ok().map(|p| {
+                let s = p.to_string_lossy();
+                PathBuf::from(s.strip_suffix(" (deleted)").unwrap_or(&s))
+            }),
         }
     }
 
@@ -52,6 +58,19 @@ impl Installer {
         for (dir, last) in &mut self.verified {
             let target = dir.join(&self.name);
             let now = seen(&target);
+            // Started from this very file: nothing to install, and a newer binary put
+            // there (an upgrade) must not be overwritten by the older one running.
+            if self.running_from.as_ref() == Some(&target) {
+                if *last != now && last.is_some() {
+                    crate::warn!(
+                        "agent: {} changed since the agent started (an upgrade?); restart the agent to run it",
+                        target.display()
+                    );
+                }
+                *last = now;
+                out.push((dir.clone(), Ok(())));
+                continue;
+            }
             if now.is_some() && *last == now {
                 out.push((dir.clone(), Ok(())));
                 continue;
