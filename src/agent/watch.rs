@@ -45,6 +45,8 @@ pub struct Watcher<'a> {
     entry_ledger: Option<PathBuf>,
     entry_conf: Option<PathBuf>,
     shown: Vec<PathBuf>,
+    /// The gap count has run once (at start it runs even when nothing was written).
+    gap_counted: bool,
 }
 
 fn types(doc: &Value) -> String {
@@ -103,6 +105,7 @@ impl<'a> Watcher<'a> {
             entry_ledger,
             entry_conf,
             shown: Vec::new(),
+            gap_counted: false,
         }
     }
 
@@ -286,7 +289,8 @@ impl<'a> Watcher<'a> {
             shown.push(file);
         }
         self.shown = shown;
-        if wrote {
+        if wrote || (!self.gap_counted && !networks.is_empty()) {
+            self.gap_counted = true;
             let counts = gap::after_injection(
                 &self.opts.gc.cache_dir,
                 &Ledger::at(&self.opts.gc.ledger_dir),
