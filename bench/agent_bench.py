@@ -144,5 +144,9 @@ print("| 6a | agent: conflist rewrite to re-injection, %d rewrites (plain write 
           statistics.median(every), pct(every, 0.95), every[-1], "ok" if every[-1] < 1000 else "**missed**"))
 print("| 6b | agent idle, default intervals, over %.0f s: RSS; peak RSS | %.1f MiB | %.1f MiB | | | | |" % (
     idle, rss / 1024, hwm / 1024))
-print("| 6c | agent idle: CPU per hour (user+sys over %.0f s, scaled) | %.2f s/h | | | | | |" % (
-    idle, cpu * 3600 / idle))
+tick = 1 / os.sysconf("SC_CLK_TCK")
+if cpu > 0:
+    per_hour = "%.2f s/h" % (cpu * 3600 / idle)
+else:  # not one clock tick in the whole window: say the bound it gives
+    per_hour = "< %.2f s/h (no %.0f ms tick in %.0f s)" % (tick * 3600 / idle, tick * 1000, idle)
+print("| 6c | agent idle: CPU per hour (user+sys over %.0f s, scaled) | %s | | | | | |" % (idle, per_hour))

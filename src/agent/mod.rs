@@ -286,3 +286,49 @@ pub fn run(mut opts: Options) -> Result<i32> {
     crate::info!("agent: stopped");
     Ok(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ready_status() -> Status {
+        Status {
+            binaries: vec![(PathBuf::from("/opt/cni/bin"), None)],
+            conflists: vec![ConfStatus {
+                file: PathBuf::from("/etc/cni/net.d/10-a.conflist"),
+                injected: true,
+                fighting: false,
+                error: None,
+            }],
+            conf_error: None,
+            ledger_error: None,
+            checked: true,
+        }
+    }
+
+    #[test]
+    fn ready_only_when_every_check_passes() {
+        assert!(ready_status().readiness().0);
+        assert!(
+            !Status::default().readiness().0,
+            "ready before the first check"
+        );
+        let mut s = ready_status();
+        s.conflists[0].fighting = true;
+        let (ok, body) = s.readiness();
+        assert!(!ok && body.contains("keeps reverting"), "{body}");
+        let mut s = ready_status();
+        s.conflists[0].injected = false;
+        assert!(!s.readiness().0);
+        let mut s = ready_status();
+        s.binaries[0].1 = Some("EACCES".into());
+        assert!(!s.readiness().0);
+        let mut s = ready_status();
+        s.ledger_error = Some("not trusted".into());
+        assert!(!s.readiness().0);
+        let mut s = ready_status();
+        s.conflists.clear();
+        s.conf_error = Some("no network configuration".into());
+        assert!(!s.readiness().0);
+    }
+}
