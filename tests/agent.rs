@@ -440,3 +440,54 @@ fn reboot_under_the_agent_start_up_gc_replays_and_a_failing_plugin_backs_off_whi
     );
     let _ = std::io::stderr().flush();
 }
+
+#[test]
+fn a_single_plugin_conf_becomes_a_conflist_with_the_ledger_first() {
+    require_root();
+    let tmp = TempDir::new("agconf");
+    let conf = tmp.path().join("net.d");
+    let bin = tmp.path().join("bin");
+    fs::create_dir_all(&conf).unwrap();
+    fs::create_dir_all(&bin).unwrap();
+    fs::copy(ledger_bin(), bin.join("cni-ledger")).unwrap();
+    let single =
+        json!({"cniVersion": "0.4.0", "name": "single", "type": "bridge", "bridge": "clsg0"});
+    let orig = conf.join("10-single.conf");
+    fs::write(&orig, serde_json::to_vec(&single).unwrap()).unwrap();
+    let args: Vec<String> = [
+        "--cni-bin-dir",
+        bin.to_str().unwrap(),
+        "--conf-dir",
+        conf.to_str().unwrap(),
+        "--ledger-dir",
+        tmp.path().join("ledger").to_str().unwrap(),
+        "--cni-cache-dir",
+        tmp.path().join("cache").to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let log = tmp.path().join("agent.log");
+    let mut agent = Agent::start(&ledger_bin(), &args, &log, None);
+    let list = conf.join("10-single.conflist");
+    wait_for(2 * SECOND, || ledger_first(&list))
+        .unwrap_or_else(|| panic!("not converted:\n{}", agent.log_text()));
+    let doc: Value = serde_json::from_slice(&fs::read(&list).unwrap()).unwrap();
+    assert_eq!(doc["name"], "single");
+    assert_eq!(doc["cniVersion"], "0.4.0");
+    assert_eq!(
+        doc["plugins"][1], single,
+        "the plugin's own object is not kept whole"
+    );
+    assert!(
+        !orig.exists(),
+        "the .conf still comes first for the runtime"
+    );
+    assert_eq!(
+        list_dir(&conf),
+        ["10-single.conf.cni-ledger-converted", "10-single.conflist"]
+    );
+    wait_for(2 * SECOND, || agent.get("/readyz").0 == 200)
+        .unwrap_or_else(|| panic!("not ready: {}", agent.get("/readyz").1));
+    assert_eq!(agent.stop(10).code(), Some(0));
+}
