@@ -42,6 +42,8 @@ pub struct Options {
     /// Set by a shutting-down caller (the agent on SIGTERM): replays in progress finish,
     /// no new one starts.
     pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// Root directory (chroot) for the replayed plugins; None: ours.
+    pub plugin_root: Option<PathBuf>,
 }
 
 impl Options {
@@ -61,6 +63,7 @@ impl Options {
             jobs: 4,
             retry_failed: false,
             stop: None,
+            plugin_root: None,
         }
     }
 }
@@ -458,6 +461,7 @@ fn handle(
         capability_args: &caps,
         prev_result: cached.as_ref().and_then(|c| c.result.as_ref()),
         timeout: opts.timeout,
+        root: opts.plugin_root.as_deref(),
     };
     let outcomes = replay::replay_del(&config, &rec.ledger_type, &inv);
     for o in &outcomes {

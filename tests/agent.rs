@@ -491,3 +491,65 @@ fn a_single_plugin_conf_becomes_a_conflist_with_the_ledger_first() {
         .unwrap_or_else(|| panic!("not ready: {}", agent.get("/readyz").1));
     assert_eq!(agent.stop(10).code(), Some(0));
 }
+
+/// gc inside the agent's image runs the chain's plugins in the node's own root
+/// (`--plugin-root /proc/1/root`, with the host's PID namespace): the plugin binary is
+/// exec'd there, so a root without it fails and a process's real root works.
+#[test]
+fn replayed_plugins_run_in_the_plugin_root() {
+    let mut f = Fixture::ledger_only();
+    let probe = f.bin_dir.join("cl-probe");
+    fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/plugins/cl-probe"),
+        &probe,
+    )
+    .unwrap();
+    set_mode(&probe, 0o755);
+    let probe_log = f.tmp.path().join("probe.log");
+    f.spec.extra = vec![json!({"type": "cl-probe", "logFile": probe_log})];
+    let spec = f.spec.clone();
+    f.write_conflist(&f.conflist(&spec));
+    let ns = Netns::new();
+    let mut c = f.driver_cmd("add", "c-root", "eth0", Some(&ns.path_str()), None);
+    c.env(
+        "CNI_LEDGER_TEST_BOOT_ID",
+        "00000000-0000-0000-0000-00000000b007",
+    );
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{}", describe(&out));
+    let gc = |root: &Path| {
+        f.host
+            .cmd(ledger_bin())
+            .args(["gc", "--now", "--json", "--plugin-root"])
+            .arg(root)
+            .arg("--ledger-dir")
+            .arg(&f.ledger_dir)
+            .arg("--cni-cache-dir")
+            .arg(&f.cache_dir)
+            .env_remove("CNI_COMMAND")
+            .output()
+            .unwrap()
+    };
+    let empty = f.tmp.path().join("empty-root");
+    fs::create_dir_all(&empty).unwrap();
+    let out = gc(&empty);
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    let rep: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rep["records"][0]["action"], "retrying", "{rep:#}");
+    assert!(
+        !fs::read_to_string(&probe_log)
+            .unwrap_or_default()
+            .contains("DEL"),
+        "cl-probe ran outside the plugin root"
+    );
+    // Another process's root, as /proc/1/root is the node's in the DaemonSet (PID 1
+    // itself may be out of reach on a test machine): this test process's.
+    let out = gc(Path::new(&format!("/proc/{}/root", std::process::id())));
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let rep: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rep["records"][0]["action"], "replayed", "{rep:#}");
+    assert!(fs::read_to_string(&probe_log)
+        .unwrap()
+        .contains("DEL cid=c-root"));
+    assert!(f.record_files().is_empty());
+}

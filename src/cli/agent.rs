@@ -57,6 +57,10 @@ pub struct Args {
     /// gc: records replayed in parallel.
     #[arg(long, default_value_t = 4)]
     jobs: usize,
+    /// Run the replayed plugins with this root directory (chroot): `/proc/1/root` in a
+    /// container (with the host's PID namespace), so they see the node's own files.
+    #[arg(long, value_name = "DIR")]
+    plugin_root: Option<PathBuf>,
     /// Append log lines here instead of stderr.
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
@@ -72,6 +76,7 @@ pub fn run(args: Args) -> Result<i32> {
     gc.cni_path = args.cni_path.map(|p| std::env::split_paths(&p).collect());
     gc.max_attempts = args.max_attempts.max(1);
     gc.jobs = args.jobs.max(1);
+    gc.plugin_root = args.plugin_root;
     agent::run(agent::Options {
         bin_dirs: args.bin_dirs,
         conf_dir: args.conf_dir,

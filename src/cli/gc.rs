@@ -50,6 +50,10 @@ pub struct Args {
     /// Records replayed in parallel (never two replays of one record).
     #[arg(long, default_value_t = 4)]
     jobs: usize,
+    /// Run the replayed plugins with this root directory (chroot): `/proc/1/root` in a
+    /// container (with the host's PID namespace), so they see the node's own files.
+    #[arg(long, value_name = "DIR")]
+    plugin_root: Option<PathBuf>,
     /// Append log lines here instead of stderr.
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
@@ -91,6 +95,7 @@ pub fn run(args: Args) -> Result<i32> {
     opts.cni_path = args.cni_path.map(|p| std::env::split_paths(&p).collect());
     opts.max_attempts = args.max_attempts.max(1);
     opts.jobs = args.jobs.max(1);
+    opts.plugin_root = args.plugin_root;
     let started = std::time::Instant::now();
     let result = gc::run(&opts);
     if let Some(path) = &args.metrics_file {
