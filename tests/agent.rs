@@ -553,3 +553,92 @@ fn replayed_plugins_run_in_the_plugin_root() {
         .contains("DEL cid=c-root"));
     assert!(f.record_files().is_empty());
 }
+
+/// The server's bounds: a request head over 8 KiB is refused, a client that sends
+/// nothing is cut off after the header timeout (5 s), a method that is not GET or HEAD
+/// changes nothing and gets 405, and while clients hog every connection slot the
+/// watcher still re-injects.
+#[test]
+fn the_http_server_bounds_what_a_client_can_hold_and_changes_nothing() {
+    use std::io::Read;
+    use std::net::TcpStream;
+    require_root();
+    let tmp = TempDir::new("aghttp");
+    let conf = tmp.path().join("net.d");
+    let bin = tmp.path().join("bin");
+    fs::create_dir_all(&conf).unwrap();
+    fs::create_dir_all(&bin).unwrap();
+    fs::copy(ledger_bin(), bin.join("cni-ledger")).unwrap();
+    let plain = json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "bridge", "bridge": "clhb0"}]});
+    let file = conf.join("10-n.conflist");
+    write_plain(&file, &plain);
+    let args: Vec<String> = [
+        "--cni-bin-dir",
+        bin.to_str().unwrap(),
+        "--conf-dir",
+        conf.to_str().unwrap(),
+        "--ledger-dir",
+        tmp.path().join("ledger").to_str().unwrap(),
+        "--cni-cache-dir",
+        tmp.path().join("cache").to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let log = tmp.path().join("agent.log");
+    let mut agent = Agent::start(&ledger_bin(), &args, &log, None);
+    wait_for(2 * SECOND, || ledger_first(&file)).expect("never injected");
+    let addr = ("127.0.0.1", agent.port);
+
+    // An oversized request head.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let big = format!(
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\n\r\n",
+        "a".repeat(16 * 1024)
+    );
+    let _ = s.write_all(big.as_bytes());
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    assert!(
+        !answer.contains("200 OK") && !answer.contains("cni_ledger_"),
+        "a 16 KiB request head was served: {}",
+        &answer[..answer.len().min(200)]
+    );
+
+    // Not GET/HEAD: refused, and nothing changed.
+    let before = fs::read(&file).unwrap();
+    let out = Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST"])
+        .arg(format!("http://127.0.0.1:{}/readyz", agent.port))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "405");
+    assert_eq!(fs::read(&file).unwrap(), before);
+
+    // Silent clients hold every slot; one of them is cut off at the header timeout.
+    let t0 = Instant::now();
+    let mut hogs: Vec<TcpStream> = (0..40)
+        .filter_map(|_| TcpStream::connect(addr).ok())
+        .collect();
+    // Meanwhile the watcher is not held up.
+    write_by_rename(&file, &plain);
+    let took = wait_for(2 * SECOND, || ledger_first(&file))
+        .unwrap_or_else(|| panic!("watcher stalled by HTTP clients:\n{}", agent.log_text()));
+    assert!(took < SECOND, "{took:?}");
+    let first = &mut hogs[0];
+    first
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    let mut buf = [0u8; 512];
+    let n = first.read(&mut buf).unwrap_or(0);
+    let cut = t0.elapsed();
+    eprintln!("FIGURE silent client cut off after {cut:?} ({n} bytes)");
+    assert!(
+        cut >= Duration::from_secs(4) && cut < Duration::from_secs(12),
+        "silent client held the connection for {cut:?}"
+    );
+    drop(hogs);
+    wait_for(10 * SECOND, || agent.get("/healthz").0 == 200).expect("server did not recover");
+    assert_eq!(agent.stop(10).code(), Some(0));
+}
