@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/run.sh — cni-ledger performance benchmark (issue 4).
 #
-#   sudo bench/run.sh            # full run, ~6 min on a 2-core VM
+#   sudo bench/run.sh            # full run, ~8 min on a 2-core VM (row 6 idles 2 min)
 #   sudo QUICK=1 bench/run.sh    # smoke version, ~1 min (small counts; numbers indicative)
 #   sudo ONLY=4,5 bench/run.sh   # just some of the measurements
 #
