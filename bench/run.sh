@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/run.sh — cni-ledger performance benchmark (issue 4).
 #
-#   sudo bench/run.sh            # full run, ~6 min on a 2-core VM
+#   sudo bench/run.sh            # full run, ~8 min on a 2-core VM (row 6 idles 2 min)
 #   sudo QUICK=1 bench/run.sh    # smoke version, ~1 min (small counts; numbers indicative)
 #   sudo ONLY=4,5 bench/run.sh   # just some of the measurements
 #
@@ -37,6 +37,10 @@
 #      100,000 and 10,000 live records (netns = a namespace the script made, with its real
 #      dev/inode, this boot's ID): wall time and peak RSS (wait4 rusage, the number
 #      `/usr/bin/time -v` prints as "Maximum resident set size"); page cache warm.
+#   6. the node agent (bench/agent_bench.py): time from a conflist rewrite (plain write or
+#      rename) to the ledger being first again; idle RSS and CPU per hour with the default
+#      intervals. ALT_LEDGER=<the previous build> adds row 1f: ADD of this build vs that
+#      one, side by side (the agent must leave ADD unchanged).
 #
 # Timing is done by bench/harness.c: it execs each variant in turn (order rotated every
 # round) with a fresh "{i}" per run, runs an untimed reset command after each, and
@@ -50,7 +54,9 @@
 #
 # Settings (environment):
 #   QUICK=1          small counts (below)                        default: full
-#   ONLY=LIST        comma list of measurements to run (1..5)    1,2,3,4,5
+#   ONLY=LIST        comma list of measurements to run (1..6)    1,2,3,4,5,6
+#   AGENT_IDLE=S     idle seconds measured for 6                 120   (QUICK 20)
+#   AGENT_REWRITES=N conflist rewrites timed for 6               100   (QUICK 20)
 #   RUNS_EXEC=N      rounds for 1 and 3                          600   (QUICK 80)
 #   RUNS_CHAIN=N     rounds for 2                                150   (QUICK 15)
 #   GC_N=N           stale attachments for 4 (>= 500 claimed)    500   (QUICK 40)
@@ -75,7 +81,12 @@ if [ "${QUICK:-0}" = 1 ]; then
 else
 	: "${RUNS_EXEC:=600}" "${RUNS_CHAIN:=150}" "${GC_N:=500}" "${BIG:=100000}" "${MID:=10000}" "${RUNS_BIG:=5}"
 fi
-: "${GC_JOBS:=4}" "${ONLY:=1,2,3,4,5}"
+: "${GC_JOBS:=4}" "${ONLY:=1,2,3,4,5,6}"
+if [ "${QUICK:-0}" = 1 ]; then
+	: "${AGENT_IDLE:=20}" "${AGENT_REWRITES:=20}"
+else
+	: "${AGENT_IDLE:=120}" "${AGENT_REWRITES:=100}"
+fi
 : "${BENCH_DIR:=/var/tmp/cni-ledger-bench.$$}"
 want() { [[ ",$ONLY," == *",$1,"* ]]; }
 
@@ -324,6 +335,12 @@ if want 5; then
 	[ "$live_big" = "$BIG 0" ] || die "the big ledger is not $BIG live / 0 stale: $live_big"
 fi
 
+# ------------------------------------------------------------------- 6: the agent
+if want 6; then
+	log "6: the agent: $AGENT_REWRITES rewrites, then ${AGENT_IDLE}s idle"
+	inhost python3 "$here/agent_bench.py" "$LEDGER" "$B/agent" "$AGENT_IDLE" "$AGENT_REWRITES" >"$R/agent.rows"
+fi
+
 # ----------------------------------------------------------------- 2: chain ADD
 if want 2; then
 	log "2: chain ADD through libcni with and without the ledger ($RUNS_CHAIN rounds)"
@@ -442,6 +459,9 @@ if want 1; then
 		read -r r l h <<<"$(ratio "$R/exec.tsv" add-10-alt "$fl")"
 		read -r c _ _ <<<"$(ratio "$R/exec.tsv" add-10-alt "$fl" cpu)"
 		rows+=("| 1e | ALT_LEDGER ADD vs floor | $(ms "$alt") | $(ms "$flms") | $(xci "$r" "$l" "$h") | $(x "$c") | ≤ 1.20× | $(verdict "$r" 1.20) |")
+		read -r r l h <<<"$(ratio "$R/exec.tsv" add-10 add-10-alt)"
+		read -r c _ _ <<<"$(ratio "$R/exec.tsv" add-10 add-10-alt cpu)"
+		rows+=("| 1f | ledger ADD, this build vs ALT_LEDGER (e.g. the previous release: ADD unchanged) | $(ms "$add10") | $(ms "$alt") | $(xci "$r" "$l" "$h") | $(x "$c") | ≤ 1.05× | $(verdict "$r" 1.05) |")
 	fi
 else
 	rows+=("$(skipped 1 "ledger ADD vs Go plugin / floor" "≤ 0.65× / ≤ 1.20×")")
@@ -493,6 +513,12 @@ if want 5; then
 	rows+=("| 5e | list over $kmid live: wall; peak RSS — RSS at $kbig / at $kmid: $(growth list) | $(secs "${T[list-mid]}") | $(mib "${RSS[list-mid]}") | | | | |")
 else
 	rows+=("$(skipped 5 "gc / list over $BIG live records" "≤ 1 s")")
+fi
+if want 6; then
+	mapfile -t agent_rows <"$R/agent.rows"
+	rows+=("${agent_rows[@]}")
+else
+	rows+=("$(skipped 6 "agent: rewrite to re-injection; idle RSS and CPU" "≤ 1 s")")
 fi
 
 elapsed=$(($(date +%s) - start_all))

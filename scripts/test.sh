@@ -33,7 +33,8 @@ done
 export PATH
 command -v cargo >/dev/null 2>&1 || die "cargo not found; install Rust >= 1.89 (https://rustup.rs)"
 
-packages=(containernetworking-plugins golang-go golang-github-appc-cni-dev iptables iproute2 hyperfine python3 util-linux containerd gcc libc6-dev strace debootstrap)
+packages=(containernetworking-plugins golang-go golang-github-appc-cni-dev iptables iproute2 hyperfine
+	python3 util-linux containerd gcc libc6-dev strace debootstrap podman curl prometheus python3-venv)
 missing=()
 for p in "${packages[@]}"; do
 	status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) || status=
@@ -50,6 +51,15 @@ fi
 if ! command -v cargo-deb >/dev/null 2>&1; then
 	say "installing cargo-deb"
 	cargo install cargo-deb --locked
+fi
+
+# The manifest's offline schema check (tests/agent_image.rs): PyPI's kubernetes-validate
+# (and PyYAML, to read the manifest) in a venv of the project's own.
+venv=target/test-venv
+if [ ! -x "$venv/bin/kubernetes-validate" ]; then
+	say "installing kubernetes-validate and PyYAML into $venv"
+	python3 -m venv "$venv"
+	"$venv/bin/pip" install --quiet kubernetes-validate pyyaml
 fi
 
 say "cargo fmt --check"

@@ -41,6 +41,11 @@ pub struct Options {
     pub retry_failed: bool,
     /// The CRI runtime's sandbox list (`--cri-endpoint`), when it answered.
     pub cri: Option<crate::cri::Judgement>,
+    /// Set by a shutting-down caller (the agent on SIGTERM): replays in progress finish,
+    /// no new one starts.
+    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// Root directory (chroot) for the replayed plugins; None: ours.
+    pub plugin_root: Option<PathBuf>,
 }
 
 impl Options {
@@ -60,6 +65,8 @@ impl Options {
             jobs: 4,
             retry_failed: false,
             cri: None,
+            stop: None,
+            plugin_root: None,
         }
     }
 }
@@ -310,6 +317,13 @@ pub fn run(opts: &Options) -> Result<Report> {
     let results = Mutex::new(Vec::with_capacity(candidates.len()));
     crate::workers::run(opts.jobs.clamp(1, 64).min(candidates.len().max(1)), || {
         loop {
+            if opts
+                .stop
+                .as_ref()
+                .is_some_and(|s| s.load(Ordering::Relaxed))
+            {
+                break;
+            }
             let i = next.fetch_add(1, Ordering::Relaxed);
             let Some((rec, reason, evidence)) = candidates.get(i) else {
                 break;
@@ -507,6 +521,7 @@ fn handle(
         capability_args: &caps,
         prev_result: cached.as_ref().and_then(|c| c.result.as_ref()),
         timeout: opts.timeout,
+        root: opts.plugin_root.as_deref(),
     };
     let outcomes = replay::replay_del(&config, &rec.ledger_type, &inv);
     // The ledger's own DEL, skipped in the chain, runs last: its device return too.

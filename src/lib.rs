@@ -2,6 +2,7 @@
 //! tool that replays DEL for attachments whose sandboxes vanished (docs/DESIGN.md).
 
 pub mod adopt;
+pub mod agent;
 pub mod cli;
 pub mod cni;
 pub mod conflist;
@@ -12,6 +13,7 @@ pub mod faults;
 // when the gc engine gets its own folder (issue 12).
 #[allow(clippy::expect_used)]
 pub mod gc;
+pub mod injection;
 pub mod ledger;
 pub mod logging;
 pub mod plugin;

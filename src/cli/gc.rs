@@ -50,6 +50,10 @@ pub struct Args {
     /// Records replayed in parallel (never two replays of one record).
     #[arg(long, default_value_t = 4)]
     jobs: usize,
+    /// Run the replayed plugins with this root directory (chroot): `/proc/1/root` in a
+    /// container (with the host's PID namespace), so they see the node's own files.
+    #[arg(long, value_name = "DIR")]
+    plugin_root: Option<PathBuf>,
     /// Append log lines here instead of stderr.
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
@@ -60,6 +64,10 @@ pub struct Args {
     /// A network the CRI runtime serves (repeatable).
     #[arg(long, value_name = "NAME", requires = "cri_endpoint")]
     cri_network: Vec<String>,
+    /// Also write the run's metrics here in node_exporter's textfile format (the agent's
+    /// /metrics names; counters continue from the file's previous values), by rename.
+    #[arg(long, value_name = "PATH")]
+    metrics_file: Option<PathBuf>,
 }
 
 /// How long the CRI runtime has to answer ListPodSandbox.
@@ -109,7 +117,13 @@ pub fn run(args: Args) -> Result<i32> {
             sandboxes: opts.cri.as_ref().map(|j| j.sandboxes.len()),
         });
     }
-    let mut report = gc::run(&opts)?;
+    opts.plugin_root = args.plugin_root;
+    let started = std::time::Instant::now();
+    let result = gc::run(&opts);
+    if let Some(path) = &args.metrics_file {
+        write_metrics(path, &opts, result.as_ref().ok(), started.elapsed());
+    }
+    let mut report = result?;
     report.cri = cri;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -117,6 +131,23 @@ pub fn run(args: Args) -> Result<i32> {
         print_human(&report);
     }
     Ok(report.exit_code())
+}
+
+fn write_metrics(
+    path: &std::path::Path,
+    opts: &gc::Options,
+    report: Option<&Report>,
+    took: Duration,
+) {
+    let m = crate::agent::metrics::Metrics::new();
+    match report {
+        Some(r) => m.observe_gc(r, took.as_secs_f64()),
+        None => m.observe_gc_error(took.as_secs_f64()),
+    }
+    m.observe_ledger(&crate::ledger::Ledger::at(&opts.ledger_dir));
+    if let Err(e) = m.write_file(path) {
+        crate::error!("gc: writing metrics to {}: {e:#}", path.display());
+    }
 }
 
 fn print_human(r: &Report) {

@@ -1,6 +1,7 @@
 //! The command-line face: selected when `CNI_COMMAND` is not set.
 
 mod adopt;
+mod agent;
 mod gc;
 mod inject;
 mod list;
@@ -49,6 +50,9 @@ enum Cmd {
     Verify(verify::Args),
     /// Make records for attachments in libcni's cache that the ledger lacks.
     Adopt(adopt::Args),
+    /// Keep this node covered: install the binary, keep the ledger in the chain, run gc,
+    /// serve metrics.
+    Agent(agent::Args),
 }
 
 /// The CLI's clap definition, for the generated man pages and completions.
@@ -78,6 +82,7 @@ pub fn main() -> i32 {
         Cmd::Inject(a) => inject::run(a),
         Cmd::Verify(a) => verify::run(a),
         Cmd::Adopt(a) => adopt::run(a),
+        Cmd::Agent(a) => agent::run(a),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,120 @@
+//! Which network configuration the node uses: kubelet's runtimes (containerd, CRI-O)
+//! list `.conf`, `.conflist` and `.json` files of the conf dir together, sorted by name,
+//! and take the first that loads. `--conflist` overrides that choice.
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Choice {
+    /// The one the runtime uses: the lexically first file that loads.
+    First,
+    /// Every file that loads.
+    All,
+    /// The file of this name in the conf dir, else the file whose network has this name.
+    Named(String),
+}
+
+impl std::str::FromStr for Choice {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Choice, Self::Err> {
+        Ok(match s {
+            "" | "first" => Choice::First,
+            "all" => Choice::All,
+            name => Choice::Named(name.to_string()),
+        })
+    }
+}
+
+/// Whether a document loads as a network configuration: a conflist (a `name` and a
+/// non-empty `plugins` list) or a single plugin (a `name` and a `type`).
+pub fn loads(doc: &Value) -> bool {
+    let named = doc.get("name").and_then(Value::as_str).is_some();
+    let list = doc
+        .get("plugins")
+        .and_then(Value::as_array)
+        .is_some_and(|p| !p.is_empty());
+    let single = doc.get("type").and_then(Value::as_str).is_some();
+    named && (list || single)
+}
+
+/// Configuration files that load, sorted by file name (the runtime's order).
+pub fn loadable(dir: &Path) -> Result<Vec<(PathBuf, Value)>> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+    };
+    let mut paths: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            matches!(
+                p.extension().and_then(|e| e.to_str()),
+                Some("conf" | "conflist" | "json")
+            ) && p.is_file()
+        })
+        .collect();
+    paths.sort();
+    Ok(paths
+        .into_iter()
+        .filter_map(|p| {
+            let bytes = std::fs::read(&p).ok()?;
+            let doc: Value = serde_json::from_slice(&bytes).ok()?;
+            loads(&doc).then_some((p, doc))
+        })
+        .collect())
+}
+
+pub fn choose(dir: &Path, choice: &Choice) -> Result<Vec<PathBuf>> {
+    let all = loadable(dir)?;
+    Ok(match choice {
+        Choice::First => all.into_iter().take(1).map(|(p, _)| p).collect(),
+        Choice::All => all.into_iter().map(|(p, _)| p).collect(),
+        Choice::Named(name) => {
+            let by_file = all
+                .iter()
+                .find(|(p, _)| p.file_name().is_some_and(|f| f == name.as_str()));
+            let by_net = || all.iter().find(|(_, d)| d["name"] == name.as_str());
+            by_file
+                .or_else(by_net)
+                .map(|(p, _)| p.clone())
+                .into_iter()
+                .collect()
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_loadable_by_name_across_extensions() {
+        let dir = std::env::temp_dir().join(format!("cl-agent-conf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let w = |n: &str, s: &str| std::fs::write(dir.join(n), s).unwrap();
+        w("05-broken.conflist", "{not json");
+        w("07-empty.conflist", r#"{"name":"e","plugins":[]}"#);
+        w("10-b.conf", r#"{"name":"b","type":"bridge"}"#);
+        w(
+            "20-a.conflist",
+            r#"{"name":"a","plugins":[{"type":"bridge"}]}"#,
+        );
+        w("99-notes.txt", r#"{"name":"t","type":"bridge"}"#);
+        let first = choose(&dir, &Choice::First).unwrap();
+        assert_eq!(first, vec![dir.join("10-b.conf")]);
+        assert_eq!(choose(&dir, &Choice::All).unwrap().len(), 2);
+        assert_eq!(
+            choose(&dir, &"a".parse().unwrap()).unwrap(),
+            vec![dir.join("20-a.conflist")]
+        );
+        assert_eq!(
+            choose(&dir, &"20-a.conflist".parse().unwrap()).unwrap(),
+            vec![dir.join("20-a.conflist")]
+        );
+        assert!(choose(&dir, &"zz".parse().unwrap()).unwrap().is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

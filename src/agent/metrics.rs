@@ -1,0 +1,300 @@
+//! The agent's metrics, in the Prometheus text format (0.0.4), the same names for
+//! `/metrics` and for `gc --metrics-file` (node_exporter's textfile collector reads that
+//! format). Built on the `prometheus` crate's registry and text encoder.
+
+use crate::gc::Report;
+use crate::ledger::{Decoded, Ledger};
+use anyhow::{Context, Result};
+use prometheus::{Gauge, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+
+pub struct Metrics {
+    registry: Registry,
+    pub records: IntGaugeVec,
+    pub stale: IntGaugeVec,
+    pub quarantined: IntGauge,
+    pub replays: IntCounterVec,
+    pub gc_runs: IntCounterVec,
+    pub gc_duration: Gauge,
+    pub gc_last_success: Gauge,
+    pub injected: IntGaugeVec,
+    pub injections: IntCounterVec,
+    pub reverts: IntCounterVec,
+    pub fight: IntGaugeVec,
+    pub unrecorded: IntGaugeVec,
+    pub binary_installed: IntGaugeVec,
+}
+
+/// Outcomes of a replay, as `cni_ledger_replays_total{outcome}` counts them.
+pub const REPLAY_OUTCOMES: [&str; 3] = ["replayed", "retrying", "failed"];
+/// Counter families, whose values a metrics file carries over from the previous run.
+const COUNTERS: [&str; 2] = ["cni_ledger_replays_total", "cni_ledger_gc_runs_total"];
+
+fn opts(name: &str, help: &str) -> Opts {
+    Opts::new(name, help)
+}
+
+impl Metrics {
+    // The names and labels are constants, each registered once: registration cannot
+    // fail, and a unit test builds the set.
+    #[allow(clippy::expect_used)]
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let gauge_vec = |name: &str, help: &str, label: &str| {
+            let m = IntGaugeVec::new(opts(name, help), &[label]).expect("valid metric");
+            registry
+                .register(Box::new(m.clone()))
+                .expect("unique metric");
+            m
+        };
+        let counter_vec = |name: &str, help: &str, label: &str| {
+            let m = IntCounterVec::new(opts(name, help), &[label]).expect("valid metric");
+            registry
+                .register(Box::new(m.clone()))
+                .expect("unique metric");
+            m
+        };
+        let gauge = |name: &str, help: &str| {
+            let m = Gauge::with_opts(opts(name, help)).expect("valid metric");
+            registry
+                .register(Box::new(m.clone()))
+                .expect("unique metric");
+            m
+        };
+        let quarantined = IntGauge::with_opts(opts(
+            "cni_ledger_quarantined_files",
+            "Damaged files moved aside into the ledger's quarantine/ (never acted on).",
+        ))
+        .expect("valid metric");
+        registry
+            .register(Box::new(quarantined.clone()))
+            .expect("unique metric");
+        Metrics {
+            records: gauge_vec(
+                "cni_ledger_records",
+                "Records in the ledger, by network (after the last gc run).",
+                "network",
+            ),
+            stale: gauge_vec(
+                "cni_ledger_stale_records",
+                "Stale records left after the last gc run (retrying, failed, in grace), by reason.",
+                "reason",
+            ),
+            quarantined,
+            replays: counter_vec(
+                "cni_ledger_replays_total",
+                "DEL replays by outcome: replayed (record removed), retrying (failed, will retry), failed (gave up).",
+                "outcome",
+            ),
+            gc_runs: counter_vec(
+                "cni_ledger_gc_runs_total",
+                "gc runs by result: ok (the run completed, whatever its replays did) or error (the ledger could not be used).",
+                "result",
+            ),
+            gc_duration: gauge(
+                "cni_ledger_gc_duration_seconds",
+                "Wall time of the last gc run.",
+            ),
+            gc_last_success: gauge(
+                "cni_ledger_gc_last_success_timestamp_seconds",
+                "Unix time at which the last gc run that completed ended.",
+            ),
+            injected: gauge_vec(
+                "cni_ledger_conflist_injected",
+                "1 when the ledger is first in this conflist, as verified by reading it back.",
+                "file",
+            ),
+            injections: counter_vec(
+                "cni_ledger_conflist_injections_total",
+                "Times the agent wrote the ledger into this conflist.",
+                "file",
+            ),
+            reverts: counter_vec(
+                "cni_ledger_conflist_reverts_total",
+                "Times another writer took the ledger out of this conflist after the agent put it in.",
+                "file",
+            ),
+            fight: gauge_vec(
+                "cni_ledger_conflist_fight",
+                "1 while another writer keeps reverting this conflist and the agent backs off.",
+                "file",
+            ),
+            unrecorded: gauge_vec(
+                "cni_ledger_unrecorded_attachments",
+                "libcni cache entries of an injected network that have no record (made while the ledger was out of the chain).",
+                "network",
+            ),
+            binary_installed: gauge_vec(
+                "cni_ledger_binary_installed",
+                "1 when this CNI bin dir holds the agent's own binary.",
+                "dir",
+            ),
+            registry,
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_default()
+    }
+
+    /// Counts what one gc run did.
+    pub fn observe_gc(&self, report: &Report, secs: f64) {
+        for outcome in REPLAY_OUTCOMES {
+            self.replays.with_label_values(&[outcome]).inc_by(0);
+        }
+        let mut stale: BTreeMap<&str, i64> = BTreeMap::new();
+        for r in &report.records {
+            if REPLAY_OUTCOMES.contains(&r.action) {
+                self.replays.with_label_values(&[r.action]).inc();
+            }
+            if !matches!(r.action, "replayed" | "gone" | "live") {
+                *stale.entry(r.reason).or_default() += 1;
+            }
+        }
+        self.stale.reset();
+        for (reason, n) in stale {
+            self.stale.with_label_values(&[reason]).set(n);
+        }
+        self.gc_runs.with_label_values(&["ok"]).inc();
+        self.gc_runs.with_label_values(&["error"]).inc_by(0);
+        self.gc_duration.set(secs);
+        self.gc_last_success.set(crate::time::now() as f64);
+    }
+
+    pub fn observe_gc_error(&self, secs: f64) {
+        self.gc_runs.with_label_values(&["ok"]).inc_by(0);
+        self.gc_runs.with_label_values(&["error"]).inc();
+        self.gc_duration.set(secs);
+    }
+
+    /// Records by network and quarantined files, from a scan of the ledger.
+    pub fn observe_ledger(&self, ledger: &Ledger) {
+        let scans = ledger.scan(
+            crate::ledger::scan_jobs(),
+            BTreeMap::<String, i64>::new,
+            |acc, entry| {
+                if let Decoded::Ok(rec) = entry.decoded {
+                    *acc.entry(rec.network).or_default() += 1;
+                }
+            },
+        );
+        match scans {
+            Ok(scans) => {
+                self.records.reset();
+                for scan in scans {
+                    for (net, n) in scan {
+                        self.records.with_label_values(&[&net]).add(n);
+                    }
+                }
+            }
+            Err(e) => crate::warn!("agent: counting records: {e:#}"),
+        }
+        let q = std::fs::read_dir(ledger.quarantine_dir())
+            .map(|rd| rd.count())
+            .unwrap_or(0);
+        self.quarantined.set(q as i64);
+    }
+
+    /// Writes the node_exporter textfile: counters continue from the previous file's
+    /// values (they count across runs), the file replaced by rename (the collector never
+    /// reads half of it).
+    pub fn write_file(&self, path: &Path) -> Result<()> {
+        if let Ok(old) = std::fs::read_to_string(path) {
+            self.carry_over(&old);
+        }
+        let text = self.encode();
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let name = path.file_name().context("no file name")?.to_string_lossy();
+        // node_exporter reads only *.prom: a temp name without that ending is ignored.
+        let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+        let result = (|| -> Result<()> {
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o644)
+                .custom_flags(nix::libc::O_NOFOLLOW)
+                .open(&tmp)
+                .with_context(|| format!("creating {}", tmp.display()))?;
+            f.write_all(text.as_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result
+    }
+
+    fn carry_over(&self, old: &str) {
+        for line in old.lines().filter(|l| !l.starts_with('#')) {
+            let Some((series, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(value) = value.parse::<f64>() else {
+                continue;
+            };
+            let Some((name, labels)) = series.split_once('{') else {
+                continue;
+            };
+            if !COUNTERS.contains(&name) {
+                continue;
+            }
+            // Our own labels: one, `key="value"` with a plain value.
+            let Some(label) = labels
+                .strip_suffix('}')
+                .and_then(|l| l.split_once("=\""))
+                .and_then(|(_, v)| v.strip_suffix('"'))
+            else {
+                continue;
+            };
+            let family = if name == COUNTERS[0] {
+                &self.replays
+            } else {
+                &self.gc_runs
+            };
+            if value >= 0.0 && value.is_finite() {
+                family.with_label_values(&[label]).inc_by(value as u64);
+            }
+        }
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_carry_over_from_the_previous_file() {
+        let m = Metrics::new();
+        m.observe_gc(&Report::default(), 0.5);
+        let first = m.encode();
+        assert!(
+            first.contains("cni_ledger_gc_runs_total{result=\"ok\"} 1"),
+            "{first}"
+        );
+        let m2 = Metrics::new();
+        m2.observe_gc(&Report::default(), 0.5);
+        m2.carry_over(&first);
+        assert!(m2
+            .encode()
+            .contains("cni_ledger_gc_runs_total{result=\"ok\"} 2"));
+        assert!(m2
+            .encode()
+            .contains("# TYPE cni_ledger_replays_total counter"));
+    }
+}

@@ -1,0 +1,334 @@
+//! `cni-ledger agent`: one long-running process per node (a Kubernetes DaemonSet, or a
+//! systemd service) that keeps the node covered with no hand work:
+//!
+//! - installs the plugin binary into the CNI bin dir(s) from its own executable;
+//! - keeps the ledger first in the chosen conflist(s), watching the conf dir (inotify,
+//!   plus a periodic resync) and backing off from a writer that keeps reverting it;
+//! - counts attachments made while the ledger was out of the chain (libcni's cache);
+//! - runs gc at start and every `gc_interval`;
+//! - serves `/metrics`, `/healthz` and `/readyz`, read-only.
+//!
+//! None of this is reachable from the plugin face: `main` selects the plugin when
+//! `CNI_COMMAND` is set before any CLI code runs.
+
+pub mod conf;
+pub mod fight;
+pub mod gap;
+mod gc_loop;
+mod http;
+pub mod install;
+pub mod metrics;
+mod watch;
+
+use anyhow::{Context, Result};
+use nix::sys::signal::{SigSet, Signal};
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+pub use conf::Choice;
+
+pub struct Options {
+    pub bin_dirs: Vec<PathBuf>,
+    pub conf_dir: PathBuf,
+    pub choice: Choice,
+    pub plugin_type: String,
+    pub listen: SocketAddr,
+    pub gc_interval: Duration,
+    pub resync: Duration,
+    /// gc's options; also names the ledger dir and libcni's cache dir.
+    pub gc: crate::gc::Options,
+    pub uninstall: bool,
+}
+
+/// What `/readyz` reports; written by the watcher, read by the server.
+#[derive(Debug, Default, Clone)]
+pub struct Status {
+    /// Per CNI bin dir: None when it holds our binary, else why not.
+    pub binaries: Vec<(PathBuf, Option<String>)>,
+    pub conflists: Vec<ConfStatus>,
+    /// Why no conflist was chosen, when none was.
+    pub conf_error: Option<String>,
+    /// Why the ledger dir is not usable, when it is not.
+    pub ledger_error: Option<String>,
+    /// The first reconcile has run.
+    pub checked: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct ConfStatus {
+    pub file: PathBuf,
+    pub injected: bool,
+    pub fighting: bool,
+    pub error: Option<String>,
+}
+
+impl Status {
+    /// Ready, and one line per check for the response body.
+    pub fn readiness(&self) -> (bool, String) {
+        let mut ok = self.checked;
+        let mut lines = Vec::new();
+        if !self.checked {
+            lines.push("not yet checked".to_string());
+        }
+        for (dir, err) in &self.binaries {
+            match err {
+                None => lines.push(format!("ok binary installed in {}", dir.display())),
+                Some(e) => {
+                    ok = false;
+                    lines.push(format!("FAIL binary in {}: {e}", dir.display()));
+                }
+            }
+        }
+        if let Some(e) = &self.conf_error {
+            ok = false;
+            lines.push(format!("FAIL conflist: {e}"));
+        }
+        for c in &self.conflists {
+            let f = c.file.display();
+            if c.fighting {
+                ok = false;
+                lines.push(format!(
+                    "FAIL {f}: another writer keeps reverting it; backing off"
+                ));
+            } else if !c.injected {
+                ok = false;
+                let why = c.error.as_deref().unwrap_or("not injected yet");
+                lines.push(format!("FAIL {f}: {why}"));
+            } else {
+                lines.push(format!("ok ledger first in {f} (verified)"));
+            }
+        }
+        match &self.ledger_error {
+            None if self.checked => lines.push("ok ledger dir usable".into()),
+            None => {}
+            Some(e) => {
+                ok = false;
+                lines.push(format!("FAIL ledger dir: {e}"));
+            }
+        }
+        let mut body = lines.join("\n");
+        body.push('\n');
+        (ok, body)
+    }
+}
+
+/// State shared by the agent's threads. The server only reads it.
+pub struct Shared {
+    pub metrics: metrics::Metrics,
+    pub status: Mutex<Status>,
+}
+
+impl Shared {
+    pub fn status(&self) -> Status {
+        self.status.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+/// Shutdown request, visible to a sleeping loop (condvar), a poll (pipe) and gc (flag).
+pub struct Stop {
+    flag: Arc<AtomicBool>,
+    lock: Mutex<()>,
+    cv: Condvar,
+    pipe: (OwnedFd, OwnedFd),
+}
+
+impl Stop {
+    pub fn new() -> Result<Stop> {
+        let pipe = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe")?;
+        Ok(Stop {
+            flag: Arc::new(AtomicBool::new(false)),
+            lock: Mutex::new(()),
+            cv: Condvar::new(),
+            pipe,
+        })
+    }
+
+    pub fn request(&self) {
+        let _guard = self.lock.lock();
+        self.flag.store(true, Ordering::SeqCst);
+        self.cv.notify_all();
+        let _ = nix::unistd::write(&self.pipe.1, b"x");
+    }
+
+    pub fn requested(&self) -> bool {
+        self.flag.load(Ordering::SeqCst)
+    }
+
+    /// Sleeps up to `d`; true when stopped.
+    pub fn sleep(&self, d: Duration) -> bool {
+        let Ok(guard) = self.lock.lock() else {
+            return true;
+        };
+        let _ = self
+            .cv
+            .wait_timeout_while(guard, d, |_| !self.flag.load(Ordering::SeqCst));
+        self.requested()
+    }
+
+    /// Readable once a stop was requested.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.pipe.0.as_fd()
+    }
+
+    pub fn flag(&self) -> Arc<AtomicBool> {
+        self.flag.clone()
+    }
+}
+
+/// The ledger's entry options: a non-default ledger or conf dir is written into it, so
+/// the plugin (run by the runtime) uses the same ones as the agent.
+fn entry_dirs(opts: &Options) -> (Option<PathBuf>, Option<PathBuf>) {
+    let ledger = (opts.gc.ledger_dir != Path::new(crate::cni::config::DEFAULT_LEDGER_DIR))
+        .then(|| opts.gc.ledger_dir.clone());
+    let conf = (opts.conf_dir != Path::new(crate::cni::config::DEFAULT_CONF_DIR))
+        .then(|| opts.conf_dir.clone());
+    (ledger, conf)
+}
+
+/// `--uninstall`: takes the ledger out of the chosen conflist(s). The binary stays: DEL
+/// of a pod added through the old chain still runs it from libcni's cached config.
+fn uninstall(opts: &Options) -> Result<i32> {
+    let files = conf::choose(&opts.conf_dir, &opts.choice)?;
+    let mut status = 0;
+    for f in &files {
+        let r = (|| -> Result<bool> {
+            let bytes = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
+            let planned = crate::injection::plan(
+                f,
+                &bytes,
+                &opts.plugin_type,
+                &crate::injection::EntryOptions::default(),
+                true,
+            )?;
+            if planned.changed {
+                crate::injection::write_replacing(f, planned.text.as_bytes())?;
+            }
+            Ok(planned.changed)
+        })();
+        match r {
+            Ok(true) => crate::info!("agent: {}: ledger removed", f.display()),
+            Ok(false) => crate::info!("agent: {}: no ledger in it; unchanged", f.display()),
+            Err(e) => {
+                crate::error!("agent: {}: {e:#}", f.display());
+                status = 1;
+            }
+        }
+    }
+    if files.is_empty() {
+        crate::info!(
+            "agent: no network configuration in {}; nothing to remove",
+            opts.conf_dir.display()
+        );
+    }
+    Ok(status)
+}
+
+pub fn run(mut opts: Options) -> Result<i32> {
+    if opts.uninstall {
+        return uninstall(&opts);
+    }
+    // Blocked before any thread starts, so every thread inherits the mask and the main
+    // thread alone takes them with sigwait (children get a clean mask from std).
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGTERM);
+    signals.add(Signal::SIGINT);
+    signals.thread_block().context("blocking SIGTERM/SIGINT")?;
+
+    let listener = std::net::TcpListener::bind(opts.listen)
+        .with_context(|| format!("listening on {}", opts.listen))?;
+    crate::info!(
+        "agent: serving /metrics /healthz /readyz on {}",
+        listener.local_addr().unwrap_or(opts.listen)
+    );
+    let shared = Arc::new(Shared {
+        metrics: metrics::Metrics::new(),
+        status: Mutex::new(Status::default()),
+    });
+    let stop = Arc::new(Stop::new()?);
+    opts.gc.stop = Some(stop.flag());
+    let opts = Arc::new(opts);
+
+    {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("http".into())
+            .spawn(move || {
+                if let Err(e) = http::serve(listener, shared) {
+                    crate::error!("agent: HTTP server stopped: {e:#}");
+                }
+            })
+            .context("starting the HTTP thread")?;
+    }
+    let watcher = {
+        let (shared, stop, opts) = (shared.clone(), stop.clone(), opts.clone());
+        std::thread::Builder::new()
+            .name("watch".into())
+            .spawn(move || watch::Watcher::new(&opts, &shared).run(&stop))
+            .context("starting the watcher")?
+    };
+    let gc = {
+        let (shared, stop, opts) = (shared.clone(), stop.clone(), opts.clone());
+        std::thread::Builder::new()
+            .name("gc".into())
+            .spawn(move || gc_loop::run(&shared, &opts.gc, opts.gc_interval, &stop))
+            .context("starting the gc loop")?
+    };
+
+    let sig = signals.wait().context("waiting for a signal")?;
+    crate::info!("agent: {sig:?}: letting replays in progress finish, then exiting");
+    stop.request();
+    let _ = gc.join();
+    let _ = watcher.join();
+    crate::info!("agent: stopped");
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ready_status() -> Status {
+        Status {
+            binaries: vec![(PathBuf::from("/opt/cni/bin"), None)],
+            conflists: vec![ConfStatus {
+                file: PathBuf::from("/etc/cni/net.d/10-a.conflist"),
+                injected: true,
+                fighting: false,
+                error: None,
+            }],
+            conf_error: None,
+            ledger_error: None,
+            checked: true,
+        }
+    }
+
+    #[test]
+    fn ready_only_when_every_check_passes() {
+        assert!(ready_status().readiness().0);
+        assert!(
+            !Status::default().readiness().0,
+            "ready before the first check"
+        );
+        let mut s = ready_status();
+        s.conflists[0].fighting = true;
+        let (ok, body) = s.readiness();
+        assert!(!ok && body.contains("keeps reverting"), "{body}");
+        let mut s = ready_status();
+        s.conflists[0].injected = false;
+        assert!(!s.readiness().0);
+        let mut s = ready_status();
+        s.binaries[0].1 = Some("EACCES".into());
+        assert!(!s.readiness().0);
+        let mut s = ready_status();
+        s.ledger_error = Some("not trusted".into());
+        assert!(!s.readiness().0);
+        let mut s = ready_status();
+        s.conflists.clear();
+        s.conf_error = Some("no network configuration".into());
+        assert!(!s.readiness().0);
+    }
+}

@@ -1,0 +1,618 @@
+//! Keeping the ledger first in the chosen conflist(s). The conf dir (not the files: an
+//! installer that replaces a file by rename makes a new inode) is watched with inotify
+//! and re-armed when the directory itself goes away; a periodic resync catches anything
+//! the watch missed. Each pass is idempotent: a file that already is as the agent left
+//! it costs one read, so the agent's own renames wake it once and change nothing.
+
+use super::fight::{Fight, Verdict};
+use super::install::Installer;
+use super::{conf, gap, ConfStatus, Options, Shared, Status, Stop};
+use crate::injection::{self, EntryOptions};
+use crate::ledger::Ledger;
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Events that arrive together (a write, then a rename) are taken in one pass.
+const DEBOUNCE: Duration = Duration::from_millis(20);
+/// How often to retry arming the watch while the conf dir is missing.
+const REARM: Duration = Duration::from_secs(1);
+
+#[derive(Default)]
+struct FileState {
+    /// The bytes as the agent last verified them injected; None while it is not ours.
+    ours: Option<Vec<u8>>,
+    /// The document the agent left there (for telling what another writer changed).
+    ours_doc: Option<Value>,
+    ours_ino: Option<u64>,
+    /// A single-plugin `.conf` the agent converted into a `.conflist`.
+    converted: bool,
+    fight: Fight,
+    error: Option<String>,
+}
+
+pub struct Watcher<'a> {
+    opts: &'a Options,
+    shared: &'a Shared,
+    files: BTreeMap<PathBuf, FileState>,
+    inotify: Option<Inotify>,
+    installer: Installer,
+    entry_ledger: Option<PathBuf>,
+    entry_conf: Option<PathBuf>,
+    shown: Vec<PathBuf>,
+    /// The gap count has run once (at start it runs even when nothing was written).
+    gap_counted: bool,
+}
+
+fn types(doc: &Value) -> String {
+    let t: Vec<&str> = crate::conflist::plugins(doc)
+        .iter()
+        .map(crate::conflist::plugin_type)
+        .collect();
+    format!("[{}]", t.join(", "))
+}
+
+/// One line saying what another writer changed in a file the agent had injected.
+fn describe_change(ours: Option<&Value>, theirs: &Value, replaced: bool) -> String {
+    let mut parts = vec![format!("plugins now {}", types(theirs))];
+    if let (Some(o), Some(t)) = (ours.and_then(Value::as_object), theirs.as_object()) {
+        let mut keys: Vec<&str> = o
+            .keys()
+            .chain(t.keys())
+            .map(String::as_str)
+            .filter(|k| *k != "plugins" && o.get(*k) != t.get(*k))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        if !keys.is_empty() {
+            parts.push(format!("also changed: {}", keys.join(", ")));
+        }
+        let theirs_others: Vec<&Value> = crate::conflist::plugins(theirs).iter().collect();
+        let ours_others: Vec<&Value> = crate::conflist::plugins(ours.unwrap_or(&Value::Null))
+            .iter()
+            .skip(1)
+            .collect();
+        if theirs_others != ours_others && !theirs_others.is_empty() {
+            parts.push("the other plugins' entries differ too".into());
+        }
+    }
+    parts.push(if replaced {
+        "replaced by rename (a new file)".into()
+    } else {
+        "written in place".into()
+    });
+    parts.join("; ")
+}
+
+impl<'a> Watcher<'a> {
+    pub fn new(opts: &'a Options, shared: &'a Shared) -> Watcher<'a> {
+        let (entry_ledger, entry_conf) = super::entry_dirs(opts);
+        Watcher {
+            opts,
+            shared,
+            files: BTreeMap::new(),
+            inotify: None,
+            installer: Installer::new(
+                PathBuf::from("/proc/self/exe"),
+                &opts.plugin_type,
+                &opts.bin_dirs,
+            ),
+            entry_ledger,
+            entry_conf,
+            shown: Vec::new(),
+            gap_counted: false,
+        }
+    }
+
+    fn arm(&mut self) {
+        if self.inotify.is_some() {
+            return;
+        }
+        let flags = AddWatchFlags::IN_CLOSE_WRITE
+            | AddWatchFlags::IN_MOVED_TO
+            | AddWatchFlags::IN_MOVED_FROM
+            | AddWatchFlags::IN_DELETE
+            | AddWatchFlags::IN_DELETE_SELF
+            | AddWatchFlags::IN_MOVE_SELF
+            | AddWatchFlags::IN_ONLYDIR;
+        let armed = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).and_then(|i| {
+            i.add_watch(&self.opts.conf_dir, flags)?;
+            Ok(i)
+        });
+        match armed {
+            Ok(i) => self.inotify = Some(i),
+            Err(e) => crate::warn!(
+                "agent: cannot watch {} ({e}); retrying every {}s, resync meanwhile",
+                self.opts.conf_dir.display(),
+                REARM.as_secs()
+            ),
+        }
+    }
+
+    /// Reads pending events; false when the watch is gone and must be re-armed.
+    fn drain(&mut self) -> bool {
+        let Some(ino) = &self.inotify else {
+            return false;
+        };
+        let mut alive = true;
+        while let Ok(events) = ino.read_events() {
+            if events.is_empty() {
+                break;
+            }
+            for ev in events {
+                if ev.mask.intersects(
+                    AddWatchFlags::IN_IGNORED
+                        | AddWatchFlags::IN_DELETE_SELF
+                        | AddWatchFlags::IN_MOVE_SELF,
+                ) {
+                    alive = false;
+                }
+            }
+        }
+        if !alive {
+            crate::warn!(
+                "agent: {} was removed or moved; re-arming the watch",
+                self.opts.conf_dir.display()
+            );
+            self.inotify = None;
+        }
+        alive
+    }
+
+    pub fn run(mut self, stop: &Stop) {
+        loop {
+            self.arm();
+            let wake = self.reconcile();
+            let now = Instant::now();
+            let mut deadline = now + self.opts.resync;
+            if self.inotify.is_none() {
+                deadline = deadline.min(now + REARM);
+            }
+            if let Some(w) = wake {
+                deadline = deadline.min(w);
+            }
+            // Wait for an event, the next deadline, or a stop.
+            loop {
+                if stop.requested() {
+                    return;
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                let timeout = PollTimeout::try_from(left.as_millis().min(60_000) as i32 + 1)
+                    .unwrap_or(PollTimeout::MAX);
+                let mut fds = vec![PollFd::new(stop.fd(), PollFlags::POLLIN)];
+                if let Some(i) = &self.inotify {
+                    fds.push(PollFd::new(i.as_fd(), PollFlags::POLLIN));
+                }
+                let _ = nix::poll::poll(&mut fds, timeout);
+                let event = fds
+                    .get(1)
+                    .and_then(|f| f.revents())
+                    .is_some_and(|r| r.contains(PollFlags::POLLIN));
+                if stop.requested() {
+                    return;
+                }
+                if event {
+                    std::thread::sleep(DEBOUNCE);
+                    self.drain();
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// One pass over binary, ledger dir and conflists; returns when it wants to run
+    /// again at the latest (a backoff ending, a fight to settle).
+    fn reconcile(&mut self) -> Option<Instant> {
+        let now = Instant::now();
+        let mut status = Status {
+            checked: true,
+            ..Status::default()
+        };
+        for (dir, r) in self.installer.ensure() {
+            let label = dir.display().to_string();
+            self.shared
+                .metrics
+                .binary_installed
+                .with_label_values(&[&label])
+                .set(r.is_ok() as i64);
+            if let Err(e) = &r {
+                crate::error!("agent: installing into {label}: {e:#}");
+            }
+            status
+                .binaries
+                .push((dir, r.err().map(|e| format!("{e:#}"))));
+        }
+        status.ledger_error = ledger_usable(&self.opts.gc.ledger_dir)
+            .err()
+            .map(|e| format!("{e:#}"));
+
+        let chosen = match conf::choose(&self.opts.conf_dir, &self.opts.choice) {
+            Ok(c) => c,
+            Err(e) => {
+                status.conf_error = Some(format!("{e:#}"));
+                Vec::new()
+            }
+        };
+        if chosen.is_empty() && status.conf_error.is_none() {
+            status.conf_error = Some(format!(
+                "no network configuration in {}{}",
+                self.opts.conf_dir.display(),
+                match &self.opts.choice {
+                    conf::Choice::Named(n) => format!(" named {n}"),
+                    _ => String::new(),
+                }
+            ));
+        }
+        for gone in self.shown.iter().filter(|p| !chosen.contains(p)) {
+            let label = gone.display().to_string();
+            let _ = self.shared.metrics.injected.remove_label_values(&[&label]);
+            let _ = self.shared.metrics.fight.remove_label_values(&[&label]);
+        }
+        let mut wake: Option<Instant> = None;
+        let mut wrote = false;
+        let mut networks = Vec::new();
+        let mut shown = Vec::new();
+        for path in &chosen {
+            let (file, injected, w, net) = self.one(path, now);
+            wrote |= w;
+            networks.extend(net);
+            // one() made the state for this file.
+            let Some(st) = self.files.get(&file) else {
+                continue;
+            };
+            if let Some(until) = st.fight.waiting_until(now) {
+                wake = Some(wake.map_or(until, |w| w.min(until)));
+            }
+            if st.fight.fighting() {
+                let settle = now + Duration::from_secs(1);
+                wake = Some(wake.map_or(settle, |w| w.min(settle)));
+            }
+            let label = file.display().to_string();
+            let m = &self.shared.metrics;
+            m.injected.with_label_values(&[&label]).set(injected as i64);
+            m.fight
+                .with_label_values(&[&label])
+                .set(st.fight.fighting() as i64);
+            m.reverts.with_label_values(&[&label]).inc_by(0);
+            m.injections.with_label_values(&[&label]).inc_by(0);
+            status.conflists.push(ConfStatus {
+                file: file.clone(),
+                injected,
+                fighting: st.fight.fighting(),
+                error: st.error.clone(),
+            });
+            shown.push(file);
+        }
+        self.shown = shown;
+        if wrote || (!self.gap_counted && !networks.is_empty()) {
+            self.gap_counted = true;
+            let counts = gap::after_injection(
+                &self.opts.gc.cache_dir,
+                &Ledger::at(&self.opts.gc.ledger_dir),
+                &networks,
+            );
+            for (net, n) in counts {
+                self.shared
+                    .metrics
+                    .unrecorded
+                    .with_label_values(&[&net])
+                    .set(n as i64);
+            }
+        }
+        if let Ok(mut s) = self.shared.status.lock() {
+            *s = status;
+        }
+        wake
+    }
+
+    /// Brings one chosen file into shape. Returns the file that now holds the network
+    /// (a converted `.conf` becomes a `.conflist`), whether it is verified injected,
+    /// whether anything was written, and the network's name.
+    fn one(&mut self, path: &Path, now: Instant) -> (PathBuf, bool, bool, Option<String>) {
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) => {
+                let st = self.files.entry(path.to_path_buf()).or_default();
+                st.error = Some(format!("reading: {e}"));
+                return (path.to_path_buf(), false, false, None);
+            }
+        };
+        let ino = std::fs::metadata(path).ok().map(|m| m.ino());
+        {
+            let st = self.files.entry(path.to_path_buf()).or_default();
+            if st.ours.as_deref() == Some(&bytes[..]) {
+                if st.fight.settle(now) {
+                    crate::info!(
+                        "agent: {}: quiet again; the fight with another writer is over",
+                        path.display()
+                    );
+                }
+                let net = st
+                    .ours_doc
+                    .as_ref()
+                    .and_then(|d| d["name"].as_str().map(String::from));
+                return (path.to_path_buf(), true, false, net);
+            }
+        }
+        let doc: Value = match serde_json::from_slice(&bytes) {
+            Ok(d) => d,
+            Err(e) => {
+                let st = self.files.entry(path.to_path_buf()).or_default();
+                st.error = Some(format!("not JSON: {e}"));
+                return (path.to_path_buf(), false, false, None);
+            }
+        };
+        let net = doc["name"].as_str().map(String::from);
+        if let Some(list) = injection::conflist_from_conf(&doc) {
+            return self.convert(path, &list, ino, now, net);
+        }
+        let entry = EntryOptions {
+            ledger_dir: self.entry_ledger.as_deref(),
+            conf_dir: self.entry_conf.as_deref(),
+        };
+        let planned = match injection::plan(path, &bytes, &self.opts.plugin_type, &entry, false) {
+            Ok(p) => p,
+            Err(e) => {
+                let st = self.files.entry(path.to_path_buf()).or_default();
+                st.error = Some(format!("{e:#}"));
+                return (path.to_path_buf(), false, false, net);
+            }
+        };
+        let st = self.files.entry(path.to_path_buf()).or_default();
+        if !planned.changed {
+            st.ours = Some(bytes);
+            st.ours_doc = Some(planned.doc);
+            st.ours_ino = ino;
+            st.error = None;
+            return (path.to_path_buf(), true, false, net);
+        }
+        if st.ours.is_some() {
+            let replaced = ino != st.ours_ino;
+            let what = describe_change(st.ours_doc.as_ref(), &planned.doc, replaced);
+            if !Self::on_revert(self.shared, path, st, &what, now) {
+                return (path.to_path_buf(), false, false, net);
+            }
+        }
+        if st.fight.waiting_until(now).is_some() {
+            return (path.to_path_buf(), false, false, net);
+        }
+        let ok = write_verified(
+            path,
+            &planned.text,
+            &self.opts.plugin_type,
+            &entry,
+            st,
+            self.shared,
+        );
+        (path.to_path_buf(), ok, true, net)
+    }
+
+    /// Counts a revert; false when the re-injection must wait (a fight).
+    fn on_revert(
+        shared: &Shared,
+        path: &Path,
+        st: &mut FileState,
+        what: &str,
+        now: Instant,
+    ) -> bool {
+        let label = path.display().to_string();
+        shared.metrics.reverts.with_label_values(&[&label]).inc();
+        match st.fight.on_revert(now) {
+            Verdict::Now => {
+                crate::info!(
+                    "agent: {}: another writer took the ledger out ({what}); injecting again",
+                    path.display()
+                );
+                true
+            }
+            Verdict::Backoff { wait, started } => {
+                // Not ours until re-injected: changes meanwhile are not further reverts.
+                st.ours = None;
+                if started {
+                    crate::warn!(
+                        "agent: {}: another writer reverted it {} times within {} min ({what}); \
+                         backing off, {}s doubling up to {} min, instead of fighting. Find that \
+                         writer (a network plugin's installer regenerating its conflist from a \
+                         template, e.g. calico-node's install-cni, Cilium or Multus on restart) \
+                         and put cni-ledger in its template, or choose another file with --conflist",
+                        path.display(),
+                        super::fight::LIMIT + 1,
+                        super::fight::WINDOW.as_secs() / 60,
+                        wait.as_secs(),
+                        super::fight::MAX_BACKOFF.as_secs() / 60,
+                    );
+                } else {
+                    crate::info!(
+                        "agent: {}: reverted again ({what}); next injection in {}s",
+                        path.display(),
+                        wait.as_secs()
+                    );
+                }
+                false
+            }
+        }
+    }
+
+    /// A single-plugin `.conf` becomes `<stem>.conflist` with the ledger first (written
+    /// before the `.conf` is moved aside, so the runtime always finds a network), and
+    /// the `.conf` is renamed to `<name>.cni-ledger-converted`, an ending runtimes ignore.
+    fn convert(
+        &mut self,
+        path: &Path,
+        list: &Value,
+        ino: Option<u64>,
+        now: Instant,
+        net: Option<String>,
+    ) -> (PathBuf, bool, bool, Option<String>) {
+        let target = path.with_extension("conflist");
+        let aside = path.with_file_name(format!(
+            "{}.cni-ledger-converted",
+            path.file_name().unwrap_or_default().to_string_lossy()
+        ));
+        let entry = EntryOptions {
+            ledger_dir: self.entry_ledger.as_deref(),
+            conf_dir: self.entry_conf.as_deref(),
+        };
+        let st = self.files.entry(path.to_path_buf()).or_default();
+        if st.converted {
+            let what = describe_change(None, list, ino != st.ours_ino);
+            if !Self::on_revert(
+                self.shared,
+                path,
+                st,
+                &format!("the single-plugin file is back; {what}"),
+                now,
+            ) {
+                st.converted = true;
+                return (path.to_path_buf(), false, false, net);
+            }
+        }
+        if st.fight.waiting_until(now).is_some() {
+            return (path.to_path_buf(), false, false, net);
+        }
+        let result = (|| -> anyhow::Result<String> {
+            let new = injection::transform(list, &self.opts.plugin_type, &entry, false)?;
+            let mut text = serde_json::to_string_pretty(&new)?;
+            text.push('\n');
+            if target.exists() && std::fs::read(&target).ok().as_deref() != Some(text.as_bytes()) {
+                anyhow::bail!(
+                    "cannot convert this single-plugin file: {} exists already",
+                    target.display()
+                );
+            }
+            write_new(&target, path, text.as_bytes())?;
+            std::fs::rename(path, &aside)?;
+            crate::ledger::fsio::fsync_dir(path.parent().unwrap_or(Path::new(".")))?;
+            Ok(text)
+        })();
+        match result {
+            Ok(_) => {
+                st.converted = true;
+                st.ours_ino = None;
+                st.error = None;
+                crate::info!(
+                    "agent: {}: single-plugin configuration converted to {} with the ledger first \
+                     (original kept as {})",
+                    path.display(),
+                    target.display(),
+                    aside.display()
+                );
+                let label = target.display().to_string();
+                self.shared
+                    .metrics
+                    .injections
+                    .with_label_values(&[&label])
+                    .inc();
+                // Verify and adopt the new file as ours.
+                let (file, ok, _, _) = self.one(&target, now);
+                (file, ok, true, net)
+            }
+            Err(e) => {
+                st.error = Some(format!("{e:#}"));
+                crate::error!("agent: {}: {e:#}", path.display());
+                (path.to_path_buf(), false, false, net)
+            }
+        }
+    }
+}
+
+/// Writes the injected text by rename and reads it back; true when verified.
+fn write_verified(
+    path: &Path,
+    text: &str,
+    plugin_type: &str,
+    entry: &EntryOptions,
+    st: &mut FileState,
+    shared: &Shared,
+) -> bool {
+    let label = path.display().to_string();
+    let ino = match injection::write_replacing(path, text.as_bytes()) {
+        Ok(ino) => ino,
+        Err(e) => {
+            crate::error!("agent: {label}: {e:#}");
+            st.error = Some(format!("{e:#}"));
+            return false;
+        }
+    };
+    crate::info!("agent: {label}: ledger injected");
+    shared.metrics.injections.with_label_values(&[&label]).inc();
+    // Ours from here: a writer that changes it even before the read-back below has
+    // reverted it, and its event brings the next pass.
+    st.ours = Some(text.as_bytes().to_vec());
+    st.ours_doc = serde_json::from_str(text).ok();
+    st.ours_ino = Some(ino);
+    let back = std::fs::read(path).unwrap_or_default();
+    if back == text.as_bytes() {
+        st.error = None;
+        return true;
+    }
+    let injected =
+        injection::plan(path, &back, plugin_type, entry, false).is_ok_and(|p| !p.changed);
+    if !injected {
+        st.error = Some("changed again right after the injection".into());
+    }
+    injected
+}
+
+/// A file that did not exist under this name: temp + fsync + rename, mode of `like`.
+fn write_new(path: &Path, like: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mode = std::fs::metadata(like)
+        .map(|m| m.mode() & 0o7777)
+        .unwrap_or(0o644);
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = dir.join(format!(".{name}.cni-ledger-tmp"));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+/// The ledger dir exists (or can be made), is trusted, and its records are writable.
+fn ledger_usable(dir: &Path) -> anyhow::Result<()> {
+    let ledger = Ledger::open_for_write(dir)?;
+    ledger.check_trusted()?;
+    nix::unistd::access(&ledger.records_dir(), nix::unistd::AccessFlags::W_OK)
+        .map_err(|e| anyhow::anyhow!("{} is not writable: {e}", ledger.records_dir().display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_revert_is_described_by_what_changed() {
+        let ours = json!({"cniVersion":"1.0.0","name":"k8s","plugins":[{"type":"cni-ledger"},{"type":"calico"}]});
+        let theirs = json!({"cniVersion":"0.3.1","name":"k8s","plugins":[{"type":"calico"}]});
+        assert_eq!(
+            describe_change(Some(&ours), &theirs, true),
+            "plugins now [calico]; also changed: cniVersion; replaced by rename (a new file)"
+        );
+        let theirs =
+            json!({"cniVersion":"1.0.0","name":"k8s","plugins":[{"type":"calico","mtu":1400}]});
+        assert_eq!(
+            describe_change(Some(&ours), &theirs, false),
+            "plugins now [calico]; the other plugins' entries differ too; written in place"
+        );
+    }
+}

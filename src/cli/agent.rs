@@ -1,0 +1,91 @@
+//! `cni-ledger agent`: the long-running node agent (see `crate::agent`).
+
+use crate::agent::{self, Choice};
+use anyhow::Result;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// CNI bin dir to install the plugin binary into (repeatable).
+    #[arg(
+        long = "cni-bin-dir",
+        value_name = "DIR",
+        default_value = "/opt/cni/bin"
+    )]
+    bin_dirs: Vec<PathBuf>,
+    /// The runtime's CNI conf dir.
+    #[arg(long, value_name = "DIR", default_value = crate::cni::config::DEFAULT_CONF_DIR)]
+    conf_dir: PathBuf,
+    /// Which conflist to keep the ledger in: the runtime's choice (`first`: the lexically
+    /// first .conf/.conflist/.json that loads), `all`, or a file or network name.
+    #[arg(long, value_name = "NAME|all", default_value = "first")]
+    conflist: Choice,
+    #[arg(long, default_value_os_t = super::ledger_dir_default())]
+    ledger_dir: PathBuf,
+    /// libcni's cache dir (prevResult for replays; attachments made without the ledger).
+    #[arg(long, default_value = "/var/lib/cni", value_name = "DIR")]
+    cni_cache_dir: PathBuf,
+    /// Address for /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "127.0.0.1:9657")]
+    listen: SocketAddr,
+    /// Seconds between gc runs (the first runs at start).
+    #[arg(long, default_value_t = 300, value_name = "SECS")]
+    gc_interval: u64,
+    /// Seconds between full checks besides the inotify watch.
+    #[arg(long, default_value_t = 30, value_name = "SECS")]
+    resync: u64,
+    /// Take the ledger out of the chosen conflist(s) and exit.
+    #[arg(long)]
+    uninstall: bool,
+    /// The ledger's plugin type (its binary name in the CNI bin dir).
+    #[arg(long = "type", default_value = "cni-ledger")]
+    plugin_type: String,
+    /// gc: leave records younger than this alone (unless the node rebooted since).
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    grace: u64,
+    /// gc: kill a plugin that has not answered DEL after this long.
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    timeout: u64,
+    /// gc: plugin directories to use instead of each record's CNI_PATH.
+    #[arg(long, value_name = "DIRS")]
+    cni_path: Option<String>,
+    /// gc: attempts before a record is marked failed and left for an operator.
+    #[arg(long, default_value_t = 24)]
+    max_attempts: u32,
+    /// gc: records replayed in parallel.
+    #[arg(long, default_value_t = 4)]
+    jobs: usize,
+    /// Run the replayed plugins with this root directory (chroot): `/proc/1/root` in a
+    /// container (with the host's PID namespace), so they see the node's own files.
+    #[arg(long, value_name = "DIR")]
+    plugin_root: Option<PathBuf>,
+    /// Append log lines here instead of stderr.
+    #[arg(long, value_name = "FILE")]
+    log_file: Option<PathBuf>,
+}
+
+pub fn run(args: Args) -> Result<i32> {
+    crate::logging::init(args.log_file.as_deref());
+    let mut gc = crate::gc::Options::new(args.ledger_dir);
+    gc.grace_secs = args.grace as i64;
+    gc.timeout = Duration::from_secs(args.timeout.max(1));
+    gc.cache_dir = args.cni_cache_dir;
+    gc.conf_dir = Some(args.conf_dir.clone());
+    gc.cni_path = args.cni_path.map(|p| std::env::split_paths(&p).collect());
+    gc.max_attempts = args.max_attempts.max(1);
+    gc.jobs = args.jobs.max(1);
+    gc.plugin_root = args.plugin_root;
+    agent::run(agent::Options {
+        bin_dirs: args.bin_dirs,
+        conf_dir: args.conf_dir,
+        choice: args.conflist,
+        plugin_type: args.plugin_type,
+        listen: args.listen,
+        gc_interval: Duration::from_secs(args.gc_interval.max(1)),
+        resync: Duration::from_secs(args.resync.max(1)),
+        gc,
+        uninstall: args.uninstall,
+    })
+}

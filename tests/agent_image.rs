@@ -1,0 +1,272 @@
+//! The image and the manifest: `deploy/kubernetes/cni-ledger.yaml` validates offline
+//! against the Kubernetes API schema (PyPI `kubernetes-validate`, strict), the image
+//! builds with podman from `Containerfile` (scripts/build-image.sh), and the agent runs
+//! in it with exactly the host mounts, args and host namespaces the manifest declares
+//! (read from it, so the two cannot drift), installing its binary and injecting the
+//! ledger into the host-side dirs. Needs root, podman, curl and the test venv that
+//! scripts/test.sh makes (target/test-venv: kubernetes-validate, PyYAML).
+//!
+//!     cargo test --features testing --test agent_image
+// Tests may unwrap: a panic there is a failed test with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod agent_common;
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use agent_common::*;
+use common::*;
+use serde_json::Value;
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn manifest() -> PathBuf {
+    repo().join("deploy/kubernetes/cni-ledger.yaml")
+}
+
+fn venv_bin(name: &str) -> PathBuf {
+    let p = repo().join("target/test-venv/bin").join(name);
+    assert!(
+        p.exists(),
+        "{} missing: run scripts/test.sh (it makes target/test-venv with kubernetes-validate)",
+        p.display()
+    );
+    p
+}
+
+fn ok(out: Output, what: &str) -> Output {
+    assert!(out.status.success(), "{what}: {}", describe(&out));
+    out
+}
+
+/// The manifest's DaemonSet as JSON.
+fn daemonset() -> Value {
+    let out = ok(
+        Command::new(venv_bin("python3"))
+            .args([
+                "-c",
+                "import json, sys, yaml; print(json.dumps(list(yaml.safe_load_all(open(sys.argv[1])))))",
+            ])
+            .arg(manifest())
+            .output()
+            .unwrap(),
+        "reading the manifest",
+    );
+    let docs: Value = serde_json::from_slice(&out.stdout).unwrap();
+    docs.as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["kind"] == "DaemonSet")
+        .expect("a DaemonSet in the manifest")
+        .clone()
+}
+
+#[test]
+fn manifest_validates_against_the_kubernetes_schema_and_says_what_the_issue_asks() {
+    let out = Command::new(venv_bin("kubernetes-validate"))
+        .arg("--strict")
+        .arg(manifest())
+        .output()
+        .unwrap();
+    ok(out, "kubernetes-validate --strict");
+    let ds = daemonset();
+    let spec = &ds["spec"]["template"]["spec"];
+    assert_eq!(ds["metadata"]["namespace"], "kube-system");
+    assert_eq!(spec["priorityClassName"], "system-node-critical");
+    assert_eq!(spec["tolerations"][0]["operator"], "Exists");
+    assert_eq!(
+        ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"],
+        1
+    );
+    assert_eq!(spec["hostNetwork"], true);
+    assert_eq!(spec["hostPID"], true);
+    assert_eq!(spec["automountServiceAccountToken"], false);
+    let c = &spec["containers"][0];
+    assert_eq!(c["securityContext"]["privileged"], true);
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert!(c["resources"]["limits"]["memory"].is_string());
+    let annotations = &ds["spec"]["template"]["metadata"]["annotations"];
+    assert_eq!(annotations["prometheus.io/scrape"], "true");
+    let mut host_paths: Vec<&str> = spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["hostPath"]["path"].as_str().unwrap())
+        .collect();
+    host_paths.sort();
+    assert_eq!(
+        host_paths,
+        [
+            "/etc/cni/net.d",
+            "/opt/cni/bin",
+            "/run/netns",
+            "/var/lib/cni",
+            "/var/lib/cni-ledger"
+        ]
+    );
+    let netns = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == "/run/netns")
+        .unwrap();
+    assert_eq!(netns["mountPropagation"], "HostToContainer");
+}
+
+/// podman's `-v` for a mount: HostToContainer is rslave, as kubelet makes it.
+fn volume_flag(host: &Path, mount: &Value) -> String {
+    let mut v = format!(
+        "{}:{}",
+        host.display(),
+        mount["mountPath"].as_str().unwrap()
+    );
+    if mount["mountPropagation"] == "HostToContainer" {
+        v.push_str(":rslave");
+    }
+    v
+}
+
+#[test]
+fn image_builds_with_podman_and_the_agent_in_it_injects_into_the_host_conf_dir() {
+    require_root();
+    let tag = format!("localhost/cni-ledger:test-{}", std::process::id());
+    let out = Command::new(repo().join("scripts/build-image.sh"))
+        .arg(&tag)
+        .env("PROFILE", "dev")
+        .env("CARGO_PROFILE_DEV_DEBUG", "0")
+        .output()
+        .unwrap();
+    ok(out, "scripts/build-image.sh");
+    let host_target = String::from_utf8(Command::new("rustc").arg("-vV").output().unwrap().stdout)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(String::from))
+        .unwrap();
+    let image_bin = repo()
+        .join("target")
+        .join(&host_target)
+        .join("debug/cni-ledger");
+
+    // The manifest's host paths, each under a scratch root standing in for the node.
+    let ds = daemonset();
+    let spec = &ds["spec"]["template"]["spec"];
+    let c = &spec["containers"][0];
+    let node = TempDir::new("node");
+    let host_dir = |hp: &str| node.path().join(hp.trim_start_matches('/'));
+    let mut run = Command::new("podman");
+    let name = format!("cl-agent-{}", std::process::id());
+    // Lower rlimits than podman's defaults, which a sandboxed test machine may not let
+    // the container runtime set (EPERM); the agent needs few of either.
+    run.args([
+        "run",
+        "-d",
+        "--ulimit",
+        "nofile=4096:4096",
+        "--ulimit",
+        "nproc=4096:4096",
+    ]);
+    run.args(["--name", &name]);
+    if spec["hostNetwork"] == true {
+        run.arg("--network=host");
+    }
+    if spec["hostPID"] == true {
+        run.arg("--pid=host");
+    }
+    if c["securityContext"]["privileged"] == true {
+        run.arg("--privileged");
+    }
+    for m in c["volumeMounts"].as_array().unwrap() {
+        let vol = spec["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == m["name"])
+            .unwrap();
+        let host = host_dir(vol["hostPath"]["path"].as_str().unwrap());
+        fs::create_dir_all(&host).unwrap();
+        run.arg("-v").arg(volume_flag(&host, m));
+    }
+    let port = free_port();
+    run.arg(&tag);
+    for a in c["args"].as_array().unwrap() {
+        let a = a.as_str().unwrap();
+        // The one value kubelet would fill in, and a free port for this test.
+        run.arg(if a.starts_with("--listen=") {
+            format!("--listen=127.0.0.1:{port}")
+        } else {
+            a.to_string()
+        });
+    }
+
+    let conf = host_dir("/etc/cni/net.d").join("10-pods.conflist");
+    let plain = serde_json::json!({"cniVersion": "1.0.0", "name": "pods", "plugins": [
+        {"type": "bridge", "bridge": "climg0", "ipam": {"type": "host-local", "subnet": "198.18.250.0/24"}},
+        {"type": "portmap", "capabilities": {"portMappings": true}}]});
+    fs::write(&conf, serde_json::to_vec_pretty(&plain).unwrap()).unwrap();
+    struct Cleanup(String, String);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = Command::new("podman").args(["rm", "-f", &self.0]).output();
+            let _ = Command::new("podman").args(["rmi", "-f", &self.1]).output();
+        }
+    }
+    let _cleanup = Cleanup(name.clone(), tag.clone());
+    ok(run.output().unwrap(), "podman run");
+    let logs = || {
+        let o = Command::new("podman")
+            .args(["logs", &name])
+            .output()
+            .unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    wait_for(Duration::from_secs(20), || ledger_first(&conf))
+        .unwrap_or_else(|| panic!("not injected from the container:\n{}", logs()));
+    let installed = host_dir("/opt/cni/bin").join("cni-ledger");
+    wait_for(Duration::from_secs(20), || installed.exists())
+        .unwrap_or_else(|| panic!("binary not installed:\n{}", logs()));
+    assert_eq!(sha256_hex(&installed), sha256_hex(&image_bin));
+    let url = format!("http://127.0.0.1:{port}/readyz");
+    let ready = || {
+        Command::new("curl")
+            .args(["-sf", "--max-time", "2", &url])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    wait_for(Duration::from_secs(10), ready)
+        .unwrap_or_else(|| panic!("/readyz never 200:\n{}", logs()));
+    assert!(host_dir("/var/lib/cni-ledger").join("records").is_dir());
+
+    // podman stop sends SIGTERM: exit 0, and the conflist stays injected.
+    ok(
+        Command::new("podman")
+            .args(["stop", "-t", "20", &name])
+            .output()
+            .unwrap(),
+        "podman stop",
+    );
+    let code = ok(
+        Command::new("podman")
+            .args(["inspect", "--format", "{{.State.ExitCode}}", &name])
+            .output()
+            .unwrap(),
+        "podman inspect",
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&code.stdout).trim(),
+        "0",
+        "{}",
+        logs()
+    );
+    assert!(ledger_first(&conf));
+}
