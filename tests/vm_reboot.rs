@@ -82,12 +82,12 @@ impl Drop for Run {
     }
 }
 
-fn run_dir() -> PathBuf {
+fn run_dir(tag: &str) -> PathBuf {
     let base = match option_env!("CARGO_TARGET_TMPDIR") {
         Some(d) => PathBuf::from(d),
         None => Path::new(REPO).join("target/tmp"),
     };
-    let dir = base.join(format!("vm-reboot-{}", std::process::id()));
+    let dir = base.join(format!("{tag}-{}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(dir.join("out")).expect("create the run directory");
     dir
@@ -110,7 +110,11 @@ fn guest_image() -> PathBuf {
     for f in ["rootfs.raw", "vmlinuz", "initrd.img"] {
         assert!(dir.join(f).is_file(), "{} has no {f}", dir.display());
     }
-    println!("FIGURE vm image ready in {:.1} s: {}", t.elapsed().as_secs_f64(), dir.display());
+    println!(
+        "FIGURE vm image ready in {:.1} s: {}",
+        t.elapsed().as_secs_f64(),
+        dir.display()
+    );
     dir
 }
 
@@ -118,7 +122,10 @@ fn guest_image() -> PathBuf {
 /// `cargo test` holds the lock of the usual one while tests run.
 fn static_release_binary() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let vv = Command::new("rustc").arg("-vV").output().expect("run rustc -vV");
+    let vv = Command::new("rustc")
+        .arg("-vV")
+        .output()
+        .expect("run rustc -vV");
     let host = String::from_utf8_lossy(&vv.stdout)
         .lines()
         .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
@@ -164,7 +171,14 @@ fn boot(run: &Run, n: u32, step: &str) -> (Vm, PathBuf) {
     let child = Command::new("qemu-system-x86_64")
         .args(["-accel", accel(), "-m", "1024", "-smp", "1"])
         // -nodefaults: no VGA, CD-ROM or parallel port for the guest to probe at boot.
-        .args(["-nodefaults", "-display", "none", "-no-reboot", "-nic", "none"])
+        .args([
+            "-nodefaults",
+            "-display",
+            "none",
+            "-no-reboot",
+            "-nic",
+            "none",
+        ])
         .arg("-serial")
         .arg(format!("file:{}", serial.display()))
         .arg("-kernel")
@@ -276,7 +290,7 @@ fn power_cut_and_reboot_in_a_vm() {
     let image = guest_image();
     let bin = static_release_binary();
 
-    let dir = run_dir();
+    let dir = run_dir("vm-reboot");
     let mut run = Run {
         overlay: dir.join("overlay.qcow2"),
         out: dir.join("out"),
@@ -297,11 +311,18 @@ fn power_cut_and_reboot_in_a_vm() {
     // ---- boot 1: set up, then the loop, then the power cut
     let (mut vm, acks1) = boot(&run, 1, "power-cut");
     let ready = wait_for(&run, &mut vm, 1, &acks1, "READY");
-    println!("FIGURE vm boot 1 ({}) + install.sh + podman run: READY after {:.1} s", accel(), ready.as_secs_f64());
+    println!(
+        "FIGURE vm boot 1 ({}) + install.sh + podman run: READY after {:.1} s",
+        accel(),
+        ready.as_secs_f64()
+    );
     let loop_start = Instant::now();
     while loop_start.elapsed() < Duration::from_secs(LOOP_SECS) {
         if let Ok(Some(st)) = vm.child.try_wait() {
-            panic!("qemu exited ({st}) during the ADD loop\n{}", tail(&run.dir.join("serial-1.log")));
+            panic!(
+                "qemu exited ({st}) during the ADD loop\n{}",
+                tail(&run.dir.join("serial-1.log"))
+            );
         }
         sleep(Duration::from_millis(100));
     }
@@ -313,7 +334,11 @@ fn power_cut_and_reboot_in_a_vm() {
         "the loop failed: {}",
         read(&acks1)
     );
-    assert!(acked_add.len() >= 20, "only {} ADDs acknowledged in {LOOP_SECS} s", acked_add.len());
+    assert!(
+        acked_add.len() >= 20,
+        "only {} ADDs acknowledged in {LOOP_SECS} s",
+        acked_add.len()
+    );
 
     let cid = read(&out.join("cid")).trim().to_owned();
     assert_eq!(cid.len(), 64, "podman container ID: {cid:?}");
@@ -328,10 +353,22 @@ fn power_cut_and_reboot_in_a_vm() {
         "the record carries podman's port mapping: {rec}"
     );
     let ips_before = read(&out.join("before-ips.txt"));
-    let leases: Vec<&str> = ips_before.lines().filter(|l| l.starts_with("198.18.77.")).collect();
-    assert_eq!(leases.len(), 1, "one host-local address before the cut: {ips_before}");
-    let dnat_before = read(&out.join("before-nat.txt")).matches(cid.as_str()).count();
-    assert!(dnat_before > 0, "portmap's DNAT rules name the container before the cut");
+    let leases: Vec<&str> = ips_before
+        .lines()
+        .filter(|l| l.starts_with("198.18.77."))
+        .collect();
+    assert_eq!(
+        leases.len(),
+        1,
+        "one host-local address before the cut: {ips_before}"
+    );
+    let dnat_before = read(&out.join("before-nat.txt"))
+        .matches(cid.as_str())
+        .count();
+    assert!(
+        dnat_before > 0,
+        "portmap's DNAT rules name the container before the cut"
+    );
 
     // ---- boot 2: after the cut
     let (mut vm, acks2) = boot(&run, 2, "after-cut");
@@ -341,26 +378,69 @@ fn power_cut_and_reboot_in_a_vm() {
         sleep(Duration::from_millis(200));
     }
     vm.kill();
-    println!("FIGURE vm boot 2 + checks: DONE after {:.1} s", done.as_secs_f64());
+    println!(
+        "FIGURE vm boot 2 + checks: DONE after {:.1} s",
+        done.as_secs_f64()
+    );
 
     // The boot finished while gc's boot run was still hanging in the plugin.
     let state = read(&out.join("boot-state.txt"));
-    println!("FIGURE vm boot 2 state when the boot finished: {}", state.replace('\n', " "));
+    println!(
+        "FIGURE vm boot 2 state when the boot finished: {}",
+        state.replace('\n', " ")
+    );
     assert_eq!(
         kv(&state, "system"),
         "running",
         "is-system-running after the boot (failed units: {})",
         read(&out.join("failed-units.txt"))
     );
-    assert_eq!(kv(&state, "gc"), "active", "gc's boot run still runs when the boot is done");
-    assert_eq!(kv(&state, "hang"), "running", "the hanging plugin still hangs then");
-    assert_eq!(kv(&state, "netfilter"), "success", "netfilter-persistent restored the rules");
+    assert_eq!(
+        kv(&state, "gc"),
+        "active",
+        "gc's boot run still runs when the boot is done"
+    );
+    assert_eq!(
+        kv(&state, "hang"),
+        "running",
+        "the hanging plugin still hangs then"
+    );
+    assert_eq!(
+        kv(&state, "netfilter"),
+        "success",
+        "netfilter-persistent restored the rules"
+    );
+    let us = |k: &str| {
+        kv(&state, k)
+            .parse::<u64>()
+            .unwrap_or_else(|_| panic!("{k} in {state}"))
+    };
+    let (finished, gc_started) = (us("finished"), us("gc_started"));
+    assert!(
+        gc_started > 0 && gc_started < finished,
+        "gc's boot run started during the boot: {state}"
+    );
+    println!(
+        "FIGURE vm boot 2: boot finished at {:.1} s with gc's boot run started at {:.1} s and still hanging in a plugin",
+        finished as f64 / 1e6,
+        gc_started as f64 / 1e6
+    );
+
+    // The boot run ended with "retrying" (the hung attachment), which is no unit
+    // failure, and the timer stays armed for the retry.
+    let gc = read(&out.join("gc-status.txt"));
+    assert_eq!(kv(&gc, "status"), "1", "gc's exit status: {gc}");
+    assert_eq!(kv(&gc, "result"), "success", "the unit is not failed: {gc}");
+    assert_eq!(kv(&gc, "timer"), "active", "the timer: {gc}");
 
     // The boot run released the address and the DNAT rules by itself.
     let journal = read(&out.join("gc-journal.txt"));
     let short = &cid[..12];
     assert!(
-        journal.lines().any(|l| l.contains(&cid) || l.contains(short)) && journal.contains("replayed"),
+        journal
+            .lines()
+            .any(|l| l.contains(&cid) || l.contains(short))
+            && journal.contains("replayed"),
         "gc's journal shows the replay of the container:\n{journal}"
     );
     let ips_after = read(&out.join("after-ips.txt"));
@@ -369,7 +449,10 @@ fn power_cut_and_reboot_in_a_vm() {
         "host-local still holds an address after the boot run: {ips_after}"
     );
     let saved = read(&out.join("saved-rules.v4"));
-    assert!(saved.contains(cid.as_str()), "the saved firewall holds the container's DNAT rules");
+    assert!(
+        saved.contains(cid.as_str()),
+        "the saved firewall holds the container's DNAT rules"
+    );
     let nat_after = read(&out.join("after-nat.txt"));
     assert!(
         nat_after.contains("CNI-HOSTPORT-DNAT"),
@@ -390,7 +473,12 @@ fn power_cut_and_reboot_in_a_vm() {
     );
 
     // Every acknowledged ADD has an intact record; the unsynced control copies don't.
-    assert_eq!(read(&out.join("loop-verify.rc")).trim(), "0", "verify of the loop ledger:\n{}", read(&out.join("loop-verify.txt")));
+    assert_eq!(
+        read(&out.join("loop-verify.rc")).trim(),
+        "0",
+        "verify of the loop ledger:\n{}",
+        read(&out.join("loop-verify.txt"))
+    );
     let loop_ok = intact(&json_file(&out.join("loop-list.json")));
     let lost_add: Vec<&String> = acked_add.iter().filter(|c| !loop_ok.contains(*c)).collect();
     let ctl_ok = intact(&json_file(&out.join("ctl-list.json")));
@@ -403,11 +491,48 @@ fn power_cut_and_reboot_in_a_vm() {
         acked_ctl.len(),
         lost_ctl.len()
     );
-    assert!(lost_add.is_empty(), "acknowledged ADDs without an intact record after the cut: {lost_add:?}");
+    assert!(
+        lost_add.is_empty(),
+        "acknowledged ADDs without an intact record after the cut: {lost_add:?}"
+    );
     assert!(
         !lost_ctl.is_empty(),
         "no unsynced control write was lost: this cut does not show what fsync is for\n{}",
         read(&out.join("ctl-ls.txt"))
     );
     run.ok = true;
+}
+
+/// The units install.sh installs, rendered as it renders them, pass systemd's own
+/// checks (the VM test then runs them for real).
+#[test]
+fn units_pass_systemd_analyze_verify() {
+    let dir = run_dir("vm-units");
+    let bin = common::ledger_bin();
+    for unit in ["cni-ledger-gc.service", "cni-ledger-gc.timer"] {
+        let text = fs::read_to_string(Path::new(REPO).join("packaging/systemd").join(unit))
+            .expect("read the unit template");
+        let text = text
+            .replace("@BINARY@", &bin.display().to_string())
+            .replace("@LEDGER_DIR@", "/var/lib/cni-ledger")
+            .replace("@CONF_DIR@", "/etc/cni/net.d");
+        assert!(!text.contains('@'), "placeholder left in {unit}");
+        fs::write(dir.join(unit), text).expect("write the rendered unit");
+    }
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(dir.join("cni-ledger-gc.service"))
+        .arg(dir.join("cni-ledger-gc.timer"))
+        .output()
+        .expect("run systemd-analyze (apt-get install systemd)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let _ = fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "systemd-analyze verify failed:\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("cni-ledger-gc"),
+        "systemd-analyze verify complains about the units:\n{stderr}"
+    );
 }

@@ -45,7 +45,16 @@ cache=${CACHE:-/var/cache/cni-ledger-vm}
 self=$(readlink -f "${BASH_SOURCE[0]}")
 key=$(sha256sum "$self" | cut -c1-16)
 out=$cache/$key
-if [ -f "$out/rootfs.raw" ] && [ -f "$out/vmlinuz" ] && [ -f "$out/initrd.img" ]; then
+built() { [ -f "$out/rootfs.raw" ] && [ -f "$out/vmlinuz" ] && [ -f "$out/initrd.img" ]; }
+if built; then
+	printf '%s\n' "$out"
+	exit 0
+fi
+# One build at a time: a second test run waits for the first one's image.
+mkdir -p "$cache"
+exec 9>"$cache/.lock"
+flock 9
+if built; then
 	printf '%s\n' "$out"
 	exit 0
 fi
@@ -62,7 +71,6 @@ if [ -z "$mirror" ]; then
 fi
 [ -n "$mirror" ] || die "cannot find a Debian mirror in apt's sources; set MIRROR=http://..."
 
-mkdir -p "$cache"
 work=$(mktemp -d "$cache/.build.XXXXXX")
 root=$work/root
 started=$(date +%s)
@@ -114,7 +122,8 @@ printf '*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0
 	tee "$root/etc/iptables/rules.v4" >"$root/etc/iptables/rules.v6"
 # Nothing the test does not need at boot: no timers that wake apt or fstrim.
 for u in apt-daily.timer apt-daily-upgrade.timer fstrim.timer e2scrub_all.timer e2scrub_reap.service \
-	systemd-timesyncd.service man-db.timer dpkg-db-backup.timer; do
+	systemd-timesyncd.service man-db.timer dpkg-db-backup.timer \
+	podman-auto-update.timer podman-auto-update.service; do
 	ln -sf /dev/null "$root/etc/systemd/system/$u"
 done
 # The journal stays on disk across the test's power cuts, for debugging.
@@ -162,6 +171,7 @@ log "making the ext4 image"
 mke2fs -q -t ext4 -L root -d "$root" "$work/rootfs.raw" 3G >&2 || die "mke2fs -d failed"
 rm -rf --one-file-system "$root"
 
+chmod 0755 "$work"
 rm -rf --one-file-system "$out" "$out.new"
 mv -T "$work" "$out.new" && mv -T "$out.new" "$out" || die "cannot move the image to $out"
 trap - EXIT

@@ -16,23 +16,36 @@ state=$(systemctl is-system-running --wait) || true
 	hang=$(cat /run/vm-hang.pid 2>/dev/null) || hang=
 	if [ -n "$hang" ] && kill -0 "$hang" 2>/dev/null; then echo "hang=running"; else echo "hang=none"; fi
 	echo "uptime=$(cut -d' ' -f1 /proc/uptime)"
+	# When the boot finished and when gc's boot run started, in µs since boot.
+	echo "finished=$(systemctl show -p FinishTimestampMonotonic --value)"
+	echo "gc_started=$(systemctl show -p ExecMainStartTimestampMonotonic --value cni-ledger-gc.service)"
 	echo "netfilter=$(systemctl show -p Result --value netfilter-persistent.service)"
 } >"$out/boot-state.txt"
 systemctl --failed --no-legend >"$out/failed-units.txt" || true
 cat "$out/boot-state.txt" >/dev/console
 
-# End the hanging DEL (gc would kill it at its --timeout) and let gc finish.
-hang=$(cat /run/vm-hang.pid 2>/dev/null) || hang=
-[ -z "$hang" ] || kill "$hang" || true
+systemd-analyze blame >"$out/blame.txt" 2>&1 || true
+
+# End each hanging DEL (gc would kill it at its --timeout) and let gc finish.
 i=0
-while [ "$(systemctl show -p ActiveState --value cni-ledger-gc.service)" != inactive ]; do
+while :; do
+	case $(systemctl show -p ActiveState --value cni-ledger-gc.service) in
+	active | activating | deactivating) ;;
+	*) break ;;
+	esac
 	i=$((i + 1))
 	[ "$i" -lt 1200 ] || { echo "gc boot run did not finish" >&2; exit 1; }
+	hang=$(cat /run/vm-hang.pid 2>/dev/null) || hang=
+	[ -z "$hang" ] || kill "$hang" 2>/dev/null || true
 	sleep 0.1
 done
-systemctl show -p ExecMainStatus --value cni-ledger-gc.service >"$out/gc-status.txt"
+{
+	echo "status=$(systemctl show -p ExecMainStatus --value cni-ledger-gc.service)"
+	echo "result=$(systemctl show -p Result --value cni-ledger-gc.service)"
+	echo "timer=$(systemctl is-active cni-ledger-gc.timer)"
+} >"$out/gc-status.txt"
 
-journalctl -b -o cat -u cni-ledger-gc.service >"$out/gc-journal.txt"
+journalctl -b -o short-monotonic -u cni-ledger-gc.service >"$out/gc-journal.txt"
 ls /var/lib/cni/networks/ledgernet >"$out/after-ips.txt"
 iptables-save -t nat >"$out/after-nat.txt"
 cp /etc/iptables/rules.v4 "$out/saved-rules.v4"

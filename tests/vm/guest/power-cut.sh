@@ -52,8 +52,9 @@ podman run -d --name vmweb --network ledgernet -p 8080:80 --rootfs "$rootfs" \
 	/bin/busybox sleep 1000000
 podman inspect -f '{{.Id}}' vmweb >"$out/cid"
 
-# An attachment whose chain holds a plugin that hangs on DEL: gc's boot run will
-# hang in it for up to gc's per-plugin timeout.
+# An attachment whose chain holds three plugins that hang on DEL: gc's boot run
+# hangs in each for up to gc's per-plugin timeout (60 s), long enough for any boot
+# of this guest to finish meanwhile.
 cat >/opt/cni/bin/vm-hang <<'SH'
 #!/bin/sh
 # vm-hang: a CNI plugin whose DEL hangs (the VM test's stand-in for a network
@@ -67,7 +68,8 @@ SH
 chmod 0755 /opt/cni/bin/vm-hang
 cat >/etc/cni/net.d/60-hangnet.conflist <<'JSON'
 { "cniVersion": "1.0.0", "name": "hangnet",
-  "plugins": [ { "type": "cni-ledger" }, { "type": "vm-hang" } ] }
+  "plugins": [ { "type": "cni-ledger" }, { "type": "vm-hang" }, { "type": "vm-hang" },
+               { "type": "vm-hang" } ] }
 JSON
 ip netns add vmhang
 echo '{"cniVersion":"1.0.0","name":"hangnet","type":"cni-ledger"}' |
@@ -103,7 +105,7 @@ while :; do
 	cid=$(printf 'loop%06d' "$i")
 	printf '%s' "$loopconf" |
 		CNI_COMMAND=ADD CNI_CONTAINERID=$cid CNI_NETNS=/run/netns/vmloop CNI_IFNAME=eth0 \
-			CNI_PATH=/opt/cni/bin "$L" >/dev/null
+			CNI_PATH=/opt/cni/bin "$L" >/dev/null 2>>/run/loop-add.log
 	echo "ACK ADD $cid" >&3
 	f=loopnet:$cid:eth0.json
 	cp "/var/lib/cni-ledger-loop/records/$f" "$ctl/.tmp.$f"
