@@ -148,6 +148,13 @@ fn static_release_binary() -> PathBuf {
     bin
 }
 
+/// qemu's disk cache mode: writeback (see the top of this file). CL_VM_CACHE
+/// overrides it for experiments, e.g. `unsafe`, where qemu ignores the guest's
+/// flushes and a SIGKILL can lose fsynced data too: this test then fails.
+fn disk_cache() -> String {
+    std::env::var("CL_VM_CACHE").unwrap_or_else(|_| "writeback".into())
+}
+
 /// KVM only when the CPU offers hardware virtualization: this machine's /dev/kvm is
 /// a paravirtual one (kvm-pvm) that initialises fine but cannot run a stock Debian
 /// kernel, so "KVM, else TCG" by qemu's own fallback would hang at boot.
@@ -191,8 +198,9 @@ fn boot(run: &Run, n: u32, step: &str) -> (Vm, PathBuf) {
         ))
         .arg("-drive")
         .arg(format!(
-            "file={},if=virtio,format=qcow2,cache=writeback",
-            run.overlay.display()
+            "file={},if=virtio,format=qcow2,cache={}",
+            run.overlay.display(),
+            disk_cache()
         ))
         .arg("-virtfs")
         .arg(format!(
