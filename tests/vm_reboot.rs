@@ -21,10 +21,11 @@
 //! at boot); every acknowledged ADD has an intact record; and the control copies show
 //! that this cut does lose data that was never fsynced.
 //!
-//! The disk is a qcow2 overlay with cache=writeback: a guest flush reaches the host
-//! file, and SIGKILL of qemu keeps what reached it (the host's kernel lives on) and
-//! loses what the guest kernel still held in its own page cache: a power cut of a
-//! disk whose write cache is honoured. Serial output goes to `serial-N.log` in the
+//! The disk is a qcow2 overlay with cache=writeback. SIGKILL of qemu is a power cut
+//! of the guest: its RAM and page cache are gone, while whatever it had handed to its
+//! disk is already in the host's file (qemu keeps no data of its own, and the host's
+//! kernel lives on). So fsynced data survives and data that never left the guest's
+//! page cache is lost; a disk that drops acknowledged flushes is not modelled. Serial output goes to `serial-N.log` in the
 //! run directory, kept (with everything else) when the test fails.
 
 mod common;
@@ -149,8 +150,8 @@ fn static_release_binary() -> PathBuf {
 }
 
 /// qemu's disk cache mode: writeback (see the top of this file). CL_VM_CACHE
-/// overrides it for experiments, e.g. `unsafe`, where qemu ignores the guest's
-/// flushes and a SIGKILL can lose fsynced data too: this test then fails.
+/// overrides it for experiments; `unsafe` (flushes ignored) gave the same figures,
+/// since a SIGKILL of qemu leaves the host's page cache alone.
 fn disk_cache() -> String {
     std::env::var("CL_VM_CACHE").unwrap_or_else(|_| "writeback".into())
 }
