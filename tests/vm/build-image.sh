@@ -46,7 +46,9 @@ self=$(readlink -f "${BASH_SOURCE[0]}")
 key=$(sha256sum "$self" | cut -c1-16)
 out=$cache/$key
 built() { [ -f "$out/rootfs.raw" ] && [ -f "$out/vmlinuz" ] && [ -f "$out/initrd.img" ]; }
+# The directory's mtime says when a key was last used (see the pruning at the end).
 if built; then
+	touch "$out"
 	printf '%s\n' "$out"
 	exit 0
 fi
@@ -163,7 +165,9 @@ ln -sf /etc/systemd/system/vm-agent.service "$root/etc/systemd/system/multi-user
 # Kernel and initramfs for qemu -kernel/-initrd (the image has no bootloader).
 kernel=$(find "$root/boot" -maxdepth 1 -name 'vmlinuz-*' | sort | tail -n1)
 initrd=$(find "$root/boot" -maxdepth 1 -name 'initrd.img-*' | sort | tail -n1)
-[ -n "$kernel" ] && [ -n "$initrd" ] || die "no kernel or initramfs in $root/boot"
+if [ -z "$kernel" ] || [ -z "$initrd" ]; then
+	die "no kernel or initramfs in $root/boot"
+fi
 cp "$kernel" "$work/vmlinuz"
 cp "$initrd" "$work/initrd.img"
 
@@ -172,8 +176,11 @@ mke2fs -q -t ext4 -L root -d "$root" "$work/rootfs.raw" 3G >&2 || die "mke2fs -d
 rm -rf --one-file-system "$root"
 
 chmod 0755 "$work"
-rm -rf --one-file-system "$out" "$out.new"
-mv -T "$work" "$out.new" && mv -T "$out.new" "$out" || die "cannot move the image to $out"
+rm -rf --one-file-system "$out"
+mv -T "$work" "$out" || die "cannot move the image to $out"
 trap - EXIT
+# Images of other versions of this script unused for a week go (about 1 GiB each).
+find "$cache" -mindepth 1 -maxdepth 1 -type d -name '[0-9a-f]*' ! -name "$key" -mtime +7 \
+	-exec rm -rf --one-file-system {} + || true
 log "built $out in $(($(date +%s) - started)) s"
 printf '%s\n' "$out"

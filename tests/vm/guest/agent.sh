@@ -27,5 +27,7 @@ mount -t 9p -o trans=virtio,version=9p2000.L out /mnt/out || fail "cannot mount 
 [ -f "/mnt/host/tests/vm/guest/$step.sh" ] || fail "no such step: '$step'"
 echo "STEP $step" >&3
 # The step's own errors end in fail() through this trap.
+# shellcheck disable=SC2154 # rc is assigned inside the trap
 trap 'rc=$?; [ "$rc" -eq 0 ] || fail "exit status $rc (see the serial log)"' EXIT
+# shellcheck disable=SC1090 # the step is chosen at run time
 . "/mnt/host/tests/vm/guest/$step.sh"
