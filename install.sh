@@ -45,10 +45,14 @@ Options:
                       prints the gc command to schedule yourself
   --inject            run 'cni-ledger inject' on every *.conflist in the conf
                       dir (without it, only the commands are printed)
+  --binary PATH       install this prebuilt cni-ledger instead of building one
+                      (e.g. the static release build made on another machine
+                      by this script); cargo is not needed then
   -h, --help          show this help
 
-Needs root, cargo (Rust >= 1.89; \$HOME/.cargo/bin and /root/.cargo/bin are
-searched too) and network access to crates.io only.
+Needs root and, unless --binary is given, cargo (Rust >= 1.89;
+\$HOME/.cargo/bin and /root/.cargo/bin are searched too) and network access
+to crates.io only.
 EOF
 }
 
@@ -70,17 +74,18 @@ ledger_dir=$DEFAULT_LEDGER_DIR
 conf_dir=$DEFAULT_CONF_DIR
 want_schedule=1
 inject=0
+prebuilt=
 
 while [ $# -gt 0 ]; do
 	opt=$1
 	case $opt in
-	--prefix=* | --cni-bin-dir=* | --ledger-dir=* | --conf-dir=*)
+	--prefix=* | --cni-bin-dir=* | --ledger-dir=* | --conf-dir=* | --binary=*)
 		val=${opt#*=}
 		opt=${opt%%=*}
 		shift
 		;;
-	--prefix | --cni-bin-dir | --ledger-dir | --conf-dir)
-		[ $# -ge 2 ] || usage_error "option $opt needs a directory"
+	--prefix | --cni-bin-dir | --ledger-dir | --conf-dir | --binary)
+		[ $# -ge 2 ] || usage_error "option $opt needs a path"
 		val=$2
 		shift 2
 		;;
@@ -89,8 +94,9 @@ while [ $# -gt 0 ]; do
 	-h | --help) usage; exit 0 ;;
 	*) usage_error "unknown argument: $opt" ;;
 	esac
-	[ -n "$val" ] || usage_error "option $opt needs a directory"
+	[ -n "$val" ] || usage_error "option $opt needs a path"
 	case $opt in
+	--binary) prebuilt=$val ;;
 	--prefix | --cni-bin-dir) bin_dir=$val ;;
 	--ledger-dir) ledger_dir=$val ;;
 	--conf-dir) conf_dir=$val ;;
@@ -142,39 +148,48 @@ trap cleanup EXIT
 
 # ---------------------------------------------------------------- build
 
-# A plain root shell (or sudo's secure_path) often lacks rustup's cargo.
-if [ -z "${HOME:-}" ]; then
-	HOME=$(getent passwd "$(id -u)" | cut -d: -f6)
-	export HOME
-fi
-PATH=${PATH:-/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin}
-for d in /root/.cargo/bin "$HOME/.cargo/bin"; do
-	case ":$PATH:" in
-	*":$d:"*) ;;
-	*) [ ! -d "$d" ] || PATH=$d:$PATH ;;
-	esac
-done
-export PATH
-command -v cargo >/dev/null 2>&1 ||
-	die "cargo not found (searched PATH, \$HOME/.cargo/bin and /root/.cargo/bin); install Rust >= 1.89, e.g. from https://rustup.rs, then re-run $prog"
+if [ -n "$prebuilt" ]; then
+	# Built elsewhere (e.g. by this script on a machine with cargo): same checks
+	# as a fresh build, then installed the same way.
+	case $prebuilt in /*) ;; *) prebuilt=$PWD/$prebuilt ;; esac
+	[ -f "$prebuilt" ] && [ -x "$prebuilt" ] || die "--binary $prebuilt is not an executable file"
+	built=$prebuilt
+	info "installing the prebuilt $built (nothing is built)"
+else
+	# A plain root shell (or sudo's secure_path) often lacks rustup's cargo.
+	if [ -z "${HOME:-}" ]; then
+		HOME=$(getent passwd "$(id -u)" | cut -d: -f6)
+		export HOME
+	fi
+	PATH=${PATH:-/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin}
+	for d in /root/.cargo/bin "$HOME/.cargo/bin"; do
+		case ":$PATH:" in
+		*":$d:"*) ;;
+		*) [ ! -d "$d" ] || PATH=$d:$PATH ;;
+		esac
+	done
+	export PATH
+	command -v cargo >/dev/null 2>&1 ||
+		die "cargo not found (searched PATH, \$HOME/.cargo/bin and /root/.cargo/bin); install Rust >= 1.89, e.g. from https://rustup.rs, then re-run $prog"
 
-# One static binary (docs/DESIGN.md §2): nothing for the dynamic loader to do on every pod's
-# ADD, which measurably shortens the plugin's exec (README, Performance). An explicit
-# --target keeps the static flag off build scripts and proc macros.
-host=$(rustc -vV 2>/dev/null | sed -n 's/^host: //p')
-[ -n "$host" ] || die "cannot tell rustc's host target (rustc -vV)"
-info "building: cargo build --release --locked --target $host, statically linked (in $src_dir)"
-(cd "$src_dir" && RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
-	cargo build --release --locked --target "$host") ||
-	die "cargo build failed (see above); nothing was installed"
+	# One static binary (docs/DESIGN.md §2): nothing for the dynamic loader to do on every pod's
+	# ADD, which measurably shortens the plugin's exec (README, Performance). An explicit
+	# --target keeps the static flag off build scripts and proc macros.
+	host=$(rustc -vV 2>/dev/null | sed -n 's/^host: //p')
+	[ -n "$host" ] || die "cannot tell rustc's host target (rustc -vV)"
+	info "building: cargo build --release --locked --target $host, statically linked (in $src_dir)"
+	(cd "$src_dir" && RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+		cargo build --release --locked --target "$host") ||
+		die "cargo build failed (see above); nothing was installed"
 
-# Honour CARGO_TARGET_DIR / build.target-dir: ask cargo where it built.
-target_dir=$(cd "$src_dir" && cargo metadata --format-version 1 --no-deps --locked 2>/dev/null |
-	sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p') || true
-[ -n "$target_dir" ] || target_dir=${CARGO_TARGET_DIR:-$src_dir/target}
-built=$target_dir/$host/release/cni-ledger
-if [ ! -f "$built" ] || [ ! -x "$built" ]; then
-	die "build succeeded but $built is missing"
+	# Honour CARGO_TARGET_DIR / build.target-dir: ask cargo where it built.
+	target_dir=$(cd "$src_dir" && cargo metadata --format-version 1 --no-deps --locked 2>/dev/null |
+		sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p') || true
+	[ -n "$target_dir" ] || target_dir=${CARGO_TARGET_DIR:-$src_dir/target}
+	built=$target_dir/$host/release/cni-ledger
+	if [ ! -f "$built" ] || [ ! -x "$built" ]; then
+		die "build succeeded but $built is missing"
+	fi
 fi
 
 # Man pages and shell completions, generated from the clap definition by a separate

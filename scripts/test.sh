@@ -3,7 +3,8 @@
 #
 # Runs as root on Debian bookworm: installs the packages the integration tests
 # use (real CNI plugins, libcni's Go source, iptables, iproute2, hyperfine,
-# containerd with gcc and libc6-dev for the static pause image of the CRI test),
+# containerd with gcc and libc6-dev for the static pause image of the CRI test, qemu
+# and debootstrap for the VM reboot test),
 # then cargo fmt --check, clippy with -D warnings and the whole test suite.
 # Exits non-zero as soon as any stage fails.
 set -euo pipefail
@@ -33,8 +34,12 @@ done
 export PATH
 command -v cargo >/dev/null 2>&1 || die "cargo not found; install Rust >= 1.89 (https://rustup.rs)"
 
+# qemu-system-x86, qemu-utils, debootstrap, e2fsprogs: the VM reboot test
+# (tests/vm_reboot.rs) builds a Debian guest once and boots it; systemd: its
+# systemd-analyze verify of the units.
 packages=(containernetworking-plugins golang-go golang-github-appc-cni-dev iptables iproute2 hyperfine
-	python3 util-linux containerd gcc libc6-dev strace debootstrap podman curl prometheus python3-venv)
+	python3 util-linux containerd gcc libc6-dev strace debootstrap podman curl prometheus python3-venv
+	qemu-system-x86 qemu-utils e2fsprogs systemd)
 missing=()
 for p in "${packages[@]}"; do
 	status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) || status=

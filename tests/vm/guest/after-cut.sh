@@ -1,0 +1,60 @@
+# tests/vm/guest/after-cut.sh: the boot after the power cut (sourced by agent.sh,
+# with fd 3 = the ack port, /mnt/out = the host's writable share).
+#
+# First: did the boot finish while gc's boot run hangs in a plugin? Then it ends
+# the hanging plugin, waits for the boot run to finish, and writes the node's own
+# state for the host to check: addresses, nat table, ledgers, gc's journal.
+set -eux
+
+out=/mnt/out
+L=/opt/cni/bin/cni-ledger
+# Returns when the boot is done (no more start jobs): "running", or "degraded".
+state=$(systemctl is-system-running --wait) || true
+{
+	echo "system=$state"
+	echo "gc=$(systemctl show -p ActiveState --value cni-ledger-gc.service)"
+	hang=$(cat /run/vm-hang.pid 2>/dev/null) || hang=
+	if [ -n "$hang" ] && kill -0 "$hang" 2>/dev/null; then echo "hang=running"; else echo "hang=none"; fi
+	echo "uptime=$(cut -d' ' -f1 /proc/uptime)"
+	# When the boot finished and when gc's boot run started, in µs since boot.
+	echo "finished=$(systemctl show -p FinishTimestampMonotonic --value)"
+	echo "gc_started=$(systemctl show -p ExecMainStartTimestampMonotonic --value cni-ledger-gc.service)"
+	echo "netfilter=$(systemctl show -p Result --value netfilter-persistent.service)"
+} >"$out/boot-state.txt"
+systemctl --failed --no-legend >"$out/failed-units.txt" || true
+cat "$out/boot-state.txt" >/dev/console
+
+systemd-analyze blame >"$out/blame.txt" 2>&1 || true
+
+# End each hanging DEL (gc would kill it at its --timeout) and let gc finish.
+i=0
+while :; do
+	case $(systemctl show -p ActiveState --value cni-ledger-gc.service) in
+	active | activating | deactivating) ;;
+	*) break ;;
+	esac
+	i=$((i + 1))
+	[ "$i" -lt 1200 ] || { echo "gc boot run did not finish" >&2; exit 1; }
+	hang=$(cat /run/vm-hang.pid 2>/dev/null) || hang=
+	[ -z "$hang" ] || kill "$hang" 2>/dev/null || true
+	sleep 0.1
+done
+{
+	echo "status=$(systemctl show -p ExecMainStatus --value cni-ledger-gc.service)"
+	echo "result=$(systemctl show -p Result --value cni-ledger-gc.service)"
+	echo "timer=$(systemctl is-active cni-ledger-gc.timer)"
+} >"$out/gc-status.txt"
+
+journalctl -b -o short-monotonic -u cni-ledger-gc.service >"$out/gc-journal.txt"
+ls /var/lib/cni/networks/ledgernet >"$out/after-ips.txt"
+iptables-save -t nat >"$out/after-nat.txt"
+cp /etc/iptables/rules.v4 "$out/saved-rules.v4"
+"$L" list --json >"$out/after-list.json"
+rc=0
+"$L" verify --ledger-dir /var/lib/cni-ledger-loop >"$out/loop-verify.txt" 2>&1 || rc=$?
+echo "$rc" >"$out/loop-verify.rc"
+"$L" list --json --ledger-dir /var/lib/cni-ledger-loop >"$out/loop-list.json"
+"$L" list --json --ledger-dir /var/lib/cni-ledger-ctl >"$out/ctl-list.json" 2>"$out/ctl-list.err" || true
+ls -la /var/lib/cni-ledger-ctl/records >"$out/ctl-ls.txt"
+echo DONE >&3
+systemctl poweroff
