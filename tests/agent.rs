@@ -644,3 +644,33 @@ fn the_http_server_bounds_what_a_client_can_hold_and_changes_nothing() {
     wait_for(10 * SECOND, || agent.get("/healthz").0 == 200).expect("server did not recover");
     assert_eq!(agent.stop(10).code(), Some(0));
 }
+
+#[test]
+fn attachments_made_while_the_ledger_was_out_are_adopted_after_injection() {
+    let f = Fixture::new();
+    write_plain(&f.conf_file, &plain_conflist(&f));
+    // A pod started while a network plugin had pushed the ledger out of the chain: only
+    // libcni's cache knows it.
+    let ns = Netns::new();
+    f.add("gap", "eth0", Some(&ns.path_str()), None)
+        .unwrap_or_else(|e| panic!("ADD without the ledger: {e}"));
+    assert!(f.cache_result_path("gap", "eth0").exists());
+    assert!(!f.record_path("gap", "eth0").exists());
+
+    let bin = preinstalled_bin(&f);
+    let log = f.tmp.path().join("agent.log");
+    let mut agent = Agent::start(&ledger_bin(), &agent_args(&f, &bin, &[]), &log, None);
+    wait_for(5 * SECOND, || f.record_path("gap", "eth0").exists())
+        .unwrap_or_else(|| panic!("not adopted:\n{}", agent.log_text()));
+    let row = f.list_row("gap", "eth0").expect("listed");
+    assert_eq!(row["source"], json!("adopted"), "{row:#}");
+    assert_eq!(row["state"], json!("live"), "{row:#}");
+    wait_for(5 * SECOND, || {
+        sample(
+            &agent.metrics(),
+            "cni_ledger_unrecorded_attachments{network=\"cltest\"}",
+        ) == Some(0.0)
+    })
+    .unwrap_or_else(|| panic!("gap not closed:\n{}", agent.metrics()));
+    assert_eq!(agent.stop(10).code(), Some(0));
+}

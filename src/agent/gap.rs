@@ -1,8 +1,8 @@
 //! Attachments made while the ledger was out of the chain: libcni caches every ADD's
 //! result (`<cacheDir>/results/<net>-<cid>-<ifname>`, which names the attachment inside),
 //! so an entry of an injected network with no record is one gc could never replay.
-//! For now they are counted and logged after every (re)injection; adopting them into
-//! the ledger belongs here.
+//! After every (re)injection they are adopted into the ledger, and what is left is
+//! counted and logged.
 
 use crate::ledger::{Key, Ledger};
 use serde::Deserialize;
@@ -49,18 +49,36 @@ pub fn unrecorded(cache_dir: &Path, ledger: &Ledger, networks: &[String]) -> BTr
     out
 }
 
-/// Runs after every (re)injection; the one place adoption will replace.
+/// Runs after every (re)injection: adopts the attachments libcni's cache has and the
+/// ledger lacks (`cni-ledger adopt`), then counts what is still unrecorded (unusable
+/// cache files, keys busy at that moment).
 pub fn after_injection(
     cache_dir: &Path,
     ledger: &Ledger,
     networks: &[String],
+    cni_path: &str,
 ) -> BTreeMap<String, u64> {
+    let opts = crate::adopt::Options {
+        ledger_dir: ledger.root().to_path_buf(),
+        cache_dir: cache_dir.to_path_buf(),
+        cni_path: cni_path.to_string(),
+        dry_run: false,
+    };
+    match crate::adopt::run(&opts) {
+        Ok(r) => {
+            let made = r.adopted.iter().filter(|a| a.action == "adopted").count();
+            if made > 0 {
+                crate::info!("agent: adopted {made} attachment(s) from libcni's cache");
+            }
+        }
+        Err(e) => crate::error!("agent: adopting from libcni's cache: {e:#}"),
+    }
     let counts = unrecorded(cache_dir, ledger, networks);
     for (net, n) in &counts {
         if *n > 0 {
             crate::warn!(
-                "agent: network {net}: {n} attachment(s) in libcni's cache ({}) have no record: \
-                 made while the ledger was out of the chain, gc cannot replay them",
+                "agent: network {net}: {n} attachment(s) in libcni's cache ({}) still have no \
+                 record (unusable cache files or busy keys): gc cannot replay them",
                 cache_dir.join("results").display()
             );
         }

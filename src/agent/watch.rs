@@ -298,6 +298,9 @@ impl<'a> Watcher<'a> {
                 &self.opts.gc.cache_dir,
                 &Ledger::at(&self.opts.gc.ledger_dir),
                 &networks,
+                &std::env::join_paths(&self.opts.bin_dirs)
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
             );
             for (net, n) in counts {
                 self.shared
