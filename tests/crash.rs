@@ -104,6 +104,13 @@ fn strip_gc(v: &Value) -> Value {
     v
 }
 
+/// The namespace cookie ADD records beside device and inode.
+fn netns_cookie(netns: &str) -> u64 {
+    let f = std::fs::File::open(netns).unwrap_or_else(|e| panic!("open {netns}: {e}"));
+    cni_ledger::sandbox::identity::netns_cookie(&f)
+        .unwrap_or_else(|e| panic!("cookie of {netns}: {e}"))
+}
+
 /// A correct new record of an ADD of `cid` in `netns` with the current conflist.
 fn check_added(b: &[u8], cid: &str, netns: &str, conflist: &[u8], w: &World, old: Option<&Value>) {
     let r = decode_record(b).unwrap_or_else(|e| panic!("new record of {cid} is torn: {e}"));
@@ -113,7 +120,7 @@ fn check_added(b: &[u8], cid: &str, netns: &str, conflist: &[u8], w: &World, old
         "containerId": cid,
         "ifname": "eth0",
         "netns": netns,
-        "netnsId": {"dev": dev, "ino": ino},
+        "netnsId": {"dev": dev, "ino": ino, "cookie": netns_cookie(netns)},
         "bootId": boot_id(),
         "cniArgs": "",
         "cniPath": w.cni_path(),
