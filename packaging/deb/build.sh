@@ -38,7 +38,9 @@ RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
 	cargo build --release --locked --target "$host" --features gen-docs \
 	--bin cni-ledger-gen-docs >&2
 
-assets=$target_dir/deb-assets
+# Where [package.metadata.deb] names them: target/deb-assets under the package root,
+# whatever CARGO_TARGET_DIR says (cargo-deb maps only its built binaries to that).
+assets=target/deb-assets
 rm -rf "$assets"
 mkdir -p "$assets/systemd" "$assets/cron"
 "$target_dir/$host/release/cni-ledger-gen-docs" "$assets"
