@@ -194,15 +194,19 @@ fi
 
 # Man pages and shell completions, generated from the clap definition by a separate
 # binary (the plugin binary does not carry the generators); same target and flags, so
-# the dependencies just built are reused.
-info "generating the man pages and shell completions"
-(cd "$src_dir" && RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
-	cargo build --release --locked --target "$host" --features gen-docs --bin cni-ledger-gen-docs) ||
-	die "building cni-ledger-gen-docs failed (see above); nothing was installed"
-docs_dir=$(mktemp -d)
-trap 'cleanup; rm -rf -- "$docs_dir"' EXIT
-"$target_dir/$host/release/cni-ledger-gen-docs" "$docs_dir" ||
-	die "generating the man pages and completions failed; nothing was installed"
+# the dependencies just built are reused. A prebuilt binary comes without them (no cargo
+# here to build the generator): the package or a from-source install carries them.
+docs_dir=
+if [ -z "$prebuilt" ]; then
+	info "generating the man pages and shell completions"
+	(cd "$src_dir" && RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+		cargo build --release --locked --target "$host" --features gen-docs --bin cni-ledger-gen-docs) ||
+		die "building cni-ledger-gen-docs failed (see above); nothing was installed"
+	docs_dir=$(mktemp -d)
+	trap 'cleanup; rm -rf -- "$docs_dir"' EXIT
+	"$target_dir/$host/release/cni-ledger-gen-docs" "$docs_dir" ||
+		die "generating the man pages and completions failed; nothing was installed"
+fi
 
 # Smoke test before anything is replaced: the plugin face must answer VERSION.
 out=$(printf '{"cniVersion":"1.0.0"}' | CNI_COMMAND=VERSION "$built" 2>/dev/null) || true
@@ -270,27 +274,31 @@ if [ "$cli_link" != "$dest" ]; then
 		warn "$cli_link exists and is not a symlink; left alone"
 	fi
 fi
-changed_docs=0
-install -d -m 0755 "$SHARE_PREFIX/share/man/man1"
-for page in "$docs_dir"/man/*.1; do
-	gzip -9n -c "$page" >"$page.gz"
-	if install_file "$page.gz" "$SHARE_PREFIX/share/man/man1/$(basename "$page").gz" 0644; then
-		changed_docs=1
-	fi
-done
-for pair in "cni-ledger:bash-completion/completions" "_cni-ledger:zsh/site-functions" \
-	"cni-ledger.fish:fish/vendor_completions.d"; do
-	file=${pair%%:*}
-	dir=$SHARE_PREFIX/share/${pair#*:}
-	install -d -m 0755 "$dir"
-	if install_file "$docs_dir/completions/$file" "$dir/$file" 0644; then
-		changed_docs=1
-	fi
-done
-if [ "$changed_docs" -eq 1 ]; then
-	info "installed the man pages (man cni-ledger) and bash/zsh/fish completions under $SHARE_PREFIX/share"
+if [ -z "$docs_dir" ]; then
+	info "prebuilt binary: no man pages or completions installed"
 else
-	info "man pages and completions under $SHARE_PREFIX/share are up to date"
+	changed_docs=0
+	install -d -m 0755 "$SHARE_PREFIX/share/man/man1"
+	for page in "$docs_dir"/man/*.1; do
+		gzip -9n -c "$page" >"$page.gz"
+		if install_file "$page.gz" "$SHARE_PREFIX/share/man/man1/$(basename "$page").gz" 0644; then
+			changed_docs=1
+		fi
+	done
+	for pair in "cni-ledger:bash-completion/completions" "_cni-ledger:zsh/site-functions" \
+		"cni-ledger.fish:fish/vendor_completions.d"; do
+		file=${pair%%:*}
+		dir=$SHARE_PREFIX/share/${pair#*:}
+		install -d -m 0755 "$dir"
+		if install_file "$docs_dir/completions/$file" "$dir/$file" 0644; then
+			changed_docs=1
+		fi
+	done
+	if [ "$changed_docs" -eq 1 ]; then
+		info "installed the man pages (man cni-ledger) and bash/zsh/fish completions under $SHARE_PREFIX/share"
+	else
+		info "man pages and completions under $SHARE_PREFIX/share are up to date"
+	fi
 fi
 
 # ---------------------------------------------------------------- ledger
