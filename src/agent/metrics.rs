@@ -25,12 +25,19 @@ pub struct Metrics {
     pub fight: IntGaugeVec,
     pub unrecorded: IntGaugeVec,
     pub binary_installed: IntGaugeVec,
+    pub cri_up: IntGaugeVec,
+    pub cri_sandboxes: IntGaugeVec,
+    pub cri_unanswered: IntCounterVec,
 }
 
 /// Outcomes of a replay, as `cni_ledger_replays_total{outcome}` counts them.
 pub const REPLAY_OUTCOMES: [&str; 3] = ["replayed", "retrying", "failed"];
 /// Counter families, whose values a metrics file carries over from the previous run.
-const COUNTERS: [&str; 2] = ["cni_ledger_replays_total", "cni_ledger_gc_runs_total"];
+const COUNTERS: [&str; 3] = [
+    "cni_ledger_replays_total",
+    "cni_ledger_gc_runs_total",
+    "cni_ledger_cri_unanswered_total",
+];
 
 fn opts(name: &str, help: &str) -> Opts {
     Opts::new(name, help)
@@ -131,6 +138,21 @@ impl Metrics {
                 "1 when this CNI bin dir holds the agent's own binary.",
                 "dir",
             ),
+            cri_up: gauge_vec(
+                "cni_ledger_cri_up",
+                "1 when this CRI runtime answered ListPodSandbox at the last gc run; 0 when it did not, and nothing was judged by sandbox lists.",
+                "endpoint",
+            ),
+            cri_sandboxes: gauge_vec(
+                "cni_ledger_cri_sandboxes",
+                "Pod sandboxes this CRI runtime listed at the last gc run.",
+                "endpoint",
+            ),
+            cri_unanswered: counter_vec(
+                "cni_ledger_cri_unanswered_total",
+                "gc runs at which this CRI runtime did not answer.",
+                "endpoint",
+            ),
             registry,
         }
     }
@@ -163,6 +185,25 @@ impl Metrics {
         self.gc_runs.with_label_values(&["error"]).inc_by(0);
         self.gc_duration.set(secs);
         self.gc_last_success.set(crate::time::now() as f64);
+    }
+
+    /// What the CRI runtimes answered before a gc run.
+    pub fn observe_cri(&self, answers: &[crate::cri::Answer]) {
+        self.cri_up.reset();
+        self.cri_sandboxes.reset();
+        for a in answers {
+            let ep = [a.endpoint.as_str()];
+            self.cri_up
+                .with_label_values(&ep)
+                .set(i64::from(a.sandboxes.is_some()));
+            match a.sandboxes {
+                Some(n) => {
+                    self.cri_sandboxes.with_label_values(&ep).set(n as i64);
+                    self.cri_unanswered.with_label_values(&ep).inc_by(0);
+                }
+                None => self.cri_unanswered.with_label_values(&ep).inc(),
+            }
+        }
     }
 
     pub fn observe_gc_error(&self, secs: f64) {
@@ -256,10 +297,10 @@ impl Metrics {
             else {
                 continue;
             };
-            let family = if name == COUNTERS[0] {
-                &self.replays
-            } else {
-                &self.gc_runs
+            let family = match name {
+                "cni_ledger_replays_total" => &self.replays,
+                "cni_ledger_gc_runs_total" => &self.gc_runs,
+                _ => &self.cri_unanswered,
             };
             if value >= 0.0 && value.is_finite() {
                 family.with_label_values(&[label]).inc_by(value as u64);
@@ -296,5 +337,36 @@ mod tests {
         assert!(m2
             .encode()
             .contains("# TYPE cni_ledger_replays_total counter"));
+    }
+
+    #[test]
+    fn cri_answers_and_the_unanswered_count() {
+        let m = Metrics::new();
+        let ep = "unix:///run/containerd/containerd.sock";
+        let answer = |sandboxes| crate::cri::Answer {
+            endpoint: ep.into(),
+            sandboxes,
+        };
+        m.observe_cri(&[answer(None)]);
+        let first = m.encode();
+        assert!(first.contains(&format!("cni_ledger_cri_up{{endpoint=\"{ep}\"}} 0")));
+        assert!(first.contains(&format!(
+            "cni_ledger_cri_unanswered_total{{endpoint=\"{ep}\"}} 1"
+        )));
+        let m2 = Metrics::new();
+        m2.observe_cri(&[answer(Some(3))]);
+        m2.carry_over(&first);
+        let text = m2.encode();
+        assert!(
+            text.contains(&format!("cni_ledger_cri_up{{endpoint=\"{ep}\"}} 1")),
+            "{text}"
+        );
+        assert!(text.contains(&format!("cni_ledger_cri_sandboxes{{endpoint=\"{ep}\"}} 3")));
+        assert!(
+            text.contains(&format!(
+                "cni_ledger_cri_unanswered_total{{endpoint=\"{ep}\"}} 1"
+            )),
+            "carried over from the previous file: {text}"
+        );
     }
 }

@@ -108,9 +108,17 @@ pub fn run(args: Args) -> Result<i32> {
     // The runtime's list is fetched before the scan, so a record is never judged by a
     // list older than itself (and records made since are not judged by it at all).
     let mut cri = None;
+    let mut answers = Vec::new();
     if let Some(endpoint) = &args.cri_endpoint {
         crate::cri::socket_path(endpoint)?;
-        opts.cri = crate::cri::judgement(endpoint, &args.cri_network, CRI_TIMEOUT);
+        let consulted = crate::cri::consult(
+            std::slice::from_ref(endpoint),
+            &args.cri_network,
+            crate::cri::Served::Any,
+            CRI_TIMEOUT,
+        );
+        opts.cri = consulted.judgement;
+        answers = consulted.answers;
         cri = Some(gc::CriSummary {
             endpoint: endpoint.clone(),
             answered: opts.cri.is_some(),
@@ -121,7 +129,13 @@ pub fn run(args: Args) -> Result<i32> {
     let started = std::time::Instant::now();
     let result = gc::run(&opts);
     if let Some(path) = &args.metrics_file {
-        write_metrics(path, &opts, result.as_ref().ok(), started.elapsed());
+        write_metrics(
+            path,
+            &opts,
+            result.as_ref().ok(),
+            &answers,
+            started.elapsed(),
+        );
     }
     let mut report = result?;
     report.cri = cri;
@@ -137,9 +151,11 @@ fn write_metrics(
     path: &std::path::Path,
     opts: &gc::Options,
     report: Option<&Report>,
+    cri: &[crate::cri::Answer],
     took: Duration,
 ) {
     let m = crate::agent::metrics::Metrics::new();
+    m.observe_cri(cri);
     match report {
         Some(r) => m.observe_gc(r, took.as_secs_f64()),
         None => m.observe_gc_error(took.as_secs_f64()),

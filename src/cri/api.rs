@@ -74,6 +74,23 @@ pub struct ListPodSandboxResponse {
     pub items: Vec<PodSandbox>,
 }
 
+/// `rpc Status(StatusRequest) returns (StatusResponse)`.
+pub const STATUS: &str = "/runtime.v1.RuntimeService/Status";
+
+/// `message StatusRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StatusRequest {
+    #[prost(bool, tag = "1")]
+    pub verbose: bool,
+}
+
+/// `message StatusResponse` (the `RuntimeStatus` conditions are not needed).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StatusResponse {
+    #[prost(map = "string, string", tag = "2")]
+    pub info: HashMap<String, String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
