@@ -51,6 +51,9 @@ fn agent_args(f: &Fixture, bin_dir: &Path, extra: &[&str]) -> Vec<String> {
         f.ledger_dir.display().to_string(),
         "--cni-cache-dir".into(),
         f.cache_dir.display().to_string(),
+        // A runtime this machine may run is not the test's.
+        "--cri-endpoint".into(),
+        "none".into(),
     ];
     v.extend(extra.iter().map(|s| s.to_string()));
     v
@@ -465,6 +468,8 @@ fn a_single_plugin_conf_becomes_a_conflist_with_the_ledger_first() {
         tmp.path().join("ledger").to_str().unwrap(),
         "--cni-cache-dir",
         tmp.path().join("cache").to_str().unwrap(),
+        "--cri-endpoint",
+        "none",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -583,6 +588,8 @@ fn the_http_server_bounds_what_a_client_can_hold_and_changes_nothing() {
         tmp.path().join("ledger").to_str().unwrap(),
         "--cni-cache-dir",
         tmp.path().join("cache").to_str().unwrap(),
+        "--cri-endpoint",
+        "none",
     ]
     .iter()
     .map(|s| s.to_string())

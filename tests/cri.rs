@@ -10,6 +10,7 @@
 // Tests may unwrap: a panic there is a failed test with its message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod agent_common;
 mod common;
 
 use std::fs;
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use agent_common::{sample, Agent};
 use cni_ledger::cri::{self, api::PodSandboxMetadata};
 use common::*;
 use serde_json::{json, Value};
@@ -129,25 +131,83 @@ fn build_pause_image(dir: &Path) -> PathBuf {
     tarball
 }
 
+/// A mount namespace of the test's where `/run/containerd` is a fresh tmpfs, so a
+/// containerd can listen at its default socket without touching the machine's. It
+/// lives as long as its holder process (`sleep`).
+struct PrivateRun {
+    holder: Child,
+    made_dir: bool,
+}
+
+impl PrivateRun {
+    const DIR: &'static str = "/run/containerd";
+
+    fn new() -> PrivateRun {
+        let made_dir = !Path::new(Self::DIR).exists();
+        if made_dir {
+            fs::create_dir(Self::DIR).unwrap();
+        }
+        let mut holder = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(format!(
+                "mount -t tmpfs -o mode=0711 cl-test {} && echo up && exec sleep infinity",
+                Self::DIR
+            ))
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("unshare");
+        let mut line = String::new();
+        use std::io::BufRead;
+        std::io::BufReader::new(holder.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "up", "private /run/containerd not mounted");
+        PrivateRun { holder, made_dir }
+    }
+
+    fn mnt(&self) -> String {
+        format!("/proc/{}/ns/mnt", self.holder.id())
+    }
+
+    /// A path in the private mount namespace, as the test (outside it) reaches it.
+    fn reach(&self, path: &str) -> PathBuf {
+        Path::new(&format!("/proc/{}/root", self.holder.id())).join(path.trim_start_matches('/'))
+    }
+}
+
+impl Drop for PrivateRun {
+    fn drop(&mut self) {
+        let _ = self.holder.kill();
+        let _ = self.holder.wait();
+        if self.made_dir {
+            let _ = fs::remove_dir(Self::DIR);
+        }
+    }
+}
+
 /// containerd running in the test host namespace; stopped by PID on drop.
 struct Containerd {
     dir: PathBuf,
     child: Option<Child>,
+    /// Its gRPC socket, as the test reaches it.
+    socket: PathBuf,
 }
 
 impl Containerd {
-    fn socket(dir: &Path) -> PathBuf {
-        dir.join("containerd.sock")
-    }
-
     fn endpoint(&self) -> String {
-        format!("unix://{}", Self::socket(&self.dir).display())
+        format!("unix://{}", self.socket.display())
     }
 
     fn configure(f: &Fixture) -> PathBuf {
+        Self::configure_at(f, None)
+    }
+
+    /// `address`: its gRPC socket (default: in its own dir).
+    fn configure_at(f: &Fixture, address: Option<&str>) -> PathBuf {
         let dir = f.tmp.path().join("containerd");
         fs::create_dir_all(&dir).unwrap();
         let d = dir.display();
+        let address = address.map_or_else(|| format!("{d}/containerd.sock"), String::from);
         let config = format!(
             r#"version = 2
 root = "{d}/root"
@@ -156,7 +216,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
   "io.containerd.internal.v1.opt", "io.containerd.tracing.processor.v1.otlp"]
 [grpc]
-  address = "{d}/containerd.sock"
+  address = "{address}"
 [ttrpc]
   address = "{d}/containerd.sock.ttrpc"
 [debug]
@@ -180,6 +240,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     }
 
     fn start(f: &Fixture, dir: &Path) -> Containerd {
+        Self::start_in(f, dir, None)
+    }
+
+    /// Started in `private`'s mount namespace, listening at the default socket there.
+    fn start_in(f: &Fixture, dir: &Path, private: Option<&PrivateRun>) -> Containerd {
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -188,7 +253,15 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         // Only the network namespace is the test host's: `ip netns exec` would also
         // remount /sys and hide the cgroup mounts runc needs. nsenter execs containerd,
         // so the child's PID is containerd's.
-        let child = Command::new("nsenter")
+        let mut cmd = Command::new("nsenter");
+        if let Some(p) = private {
+            cmd.arg(format!("--mount={}", p.mnt()));
+        }
+        let socket = match private {
+            Some(p) => p.reach("/run/containerd/containerd.sock"),
+            None => dir.join("containerd.sock"),
+        };
+        let child = cmd
             .arg(format!("--net=/run/netns/{}", f.host.name()))
             .arg("containerd")
             .arg("--config")
@@ -201,6 +274,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         let c = Containerd {
             dir: dir.to_path_buf(),
             child: Some(child),
+            socket,
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         while !c.ctr(&["version"]).status.success() {
@@ -214,10 +288,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         c
     }
 
+    /// Killed as a crash kills it: its socket stays, and nothing answers there.
+    fn crash(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     fn ctr(&self, args: &[&str]) -> std::process::Output {
         Command::new("ctr")
             .arg("--address")
-            .arg(Self::socket(&self.dir))
+            .arg(&self.socket)
             .args(["-n", "k8s.io"])
             .args(args)
             .output()
@@ -487,6 +569,186 @@ fn containerd_sandbox_list_judges_exactly_the_forgotten_sandbox() {
     }
     // containerd's libcni cache is the system's (/var/lib/cni): drop what the forgotten
     // sandbox left there (gc removed the entry of our network; loopback's is left).
+    for e in fs::read_dir("/var/lib/cni/results")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if e.file_name()
+            .to_string_lossy()
+            .contains(&format!("-{wiped}-"))
+        {
+            let _ = fs::remove_file(e.path());
+        }
+    }
+}
+
+/// The agent finds containerd at its default socket by itself, asks it before every gc
+/// run, judges only the networks containerd says it serves, and judges nothing while
+/// containerd does not answer.
+#[test]
+fn agent_asks_containerd_at_its_default_socket() {
+    let mut f = Fixture::new(); // 10-cltest.conflist: [cni-ledger, bridge+host-local, portmap]
+    for p in ["loopback", "bridge", "host-local", "portmap"] {
+        symlink(Path::new(CNI_PLUGIN_DIR).join(p), f.bin_dir.join(p)).unwrap();
+    }
+    // A second network on the same conf dir that containerd (max_conf_num 1) does not
+    // serve: another caller's, as podman's would be.
+    let other = format!("other{}", next_id());
+    let other_conf = json!({
+        "cniVersion": f.spec.cni_version,
+        "name": other,
+        "plugins": [f.ledger_entry(&ChainSpec::ledger_only())],
+    });
+    fs::write(
+        f.conf_dir.join("20-other.conflist"),
+        serde_json::to_vec(&other_conf).unwrap(),
+    )
+    .unwrap();
+    // Made before the private mount namespace, which sees mounts of the time it was made.
+    let podman_like = Netns::new();
+    let private = PrivateRun::new();
+    let tarball = build_pause_image(f.tmp.path());
+    let dir = Containerd::configure_at(&f, Some("/run/containerd/containerd.sock"));
+    let mut ctrd = Containerd::start_in(&f, &dir, Some(&private));
+    let out = ctrd.ctr(&["images", "import", tarball.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", describe(&out));
+
+    let live = ctrd.run_sandbox("live", 18091);
+    let wiped = ctrd.run_sandbox("wiped", 18092);
+    assert!(f.record_path(&live, "eth0").exists(), "{}", f.log());
+    assert!(f.record_path(&wiped, "eth0").exists(), "{}", f.log());
+    // The other caller's container: a live namespace, no sandbox of containerd's.
+    let foreign = format!("foreign{}", next_id());
+    f.network = other.clone();
+    f.add(&foreign, "eth0", Some(&podman_like.path_str()), None)
+        .unwrap();
+    let foreign_record = f.record_path(&foreign, "eth0");
+    f.network = "cltest".into();
+    assert!(foreign_record.exists(), "{}", f.log());
+    std::thread::sleep(Duration::from_millis(2100)); // records older than any list below
+
+    let log = f.tmp.path().join("agent.log");
+    let args: Vec<String> = [
+        "--cni-bin-dir",
+        f.bin_dir.to_str().unwrap(),
+        "--conf-dir",
+        f.conf_dir.to_str().unwrap(),
+        "--conflist",
+        "all",
+        "--ledger-dir",
+        f.ledger_dir.to_str().unwrap(),
+        "--cni-cache-dir",
+        "/var/lib/cni",
+        "--grace",
+        "0",
+        "--gc-interval",
+        "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut agent =
+        Agent::start_in_mounts(&ledger_bin(), &args, &log, f.host.name(), &private.mnt());
+    let ep = r#"endpoint="unix:///run/containerd/containerd.sock""#;
+    let up = format!("cni_ledger_cri_up{{{ep}}}");
+    let sandboxes = format!("cni_ledger_cri_sandboxes{{{ep}}}");
+    let unanswered = format!("cni_ledger_cri_unanswered_total{{{ep}}}");
+    let runs = r#"cni_ledger_gc_runs_total{result="ok"}"#;
+    let wait_metrics = |what: &str, cond: &dyn Fn(&str) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let m = agent.metrics();
+            if cond(&m) {
+                return m;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {m}\nagent log:\n{}",
+                agent.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+
+    // Two gc runs with containerd's word: nothing is stale.
+    let m = wait_metrics("two gc runs judged by containerd", &|m| {
+        sample(m, &up) == Some(1.0) && sample(m, runs).unwrap_or(0.0) >= 2.0
+    });
+    assert_eq!(sample(&m, &sandboxes), Some(2.0), "{m}");
+    for id in [&live, &wiped] {
+        assert!(
+            f.record_path(id, "eth0").exists(),
+            "{id} replayed:\n{}",
+            agent.log_text()
+        );
+    }
+    assert!(foreign_record.exists(), "{}", agent.log_text());
+    let text = agent.log_text();
+    assert!(
+        text.contains("asking the CRI runtime at unix:///run/containerd/containerd.sock"),
+        "{text}"
+    );
+    assert!(text.contains("judging networks cltest\n"), "{text}");
+
+    // containerd forgets one sandbox behind its back (its namespace stays): the agent
+    // releases it, and only it.
+    let _ = ctrd.ctr(&["tasks", "rm", "-f", &wiped]);
+    let out = ctrd.ctr(&["containers", "rm", &wiped]);
+    assert!(out.status.success(), "{}", describe(&out));
+    ctrd.stop();
+    let mut ctrd = Containerd::start_in(&f, &dir, Some(&private));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while f.record_path(&wiped, "eth0").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the forgotten sandbox was never released:\n{}",
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(f.ipam_addresses().len(), 1, "wiped's address not released");
+    assert_eq!(nat_lines_for(&f, &wiped), 0, "{}", f.host.iptables_save());
+    assert!(
+        nat_lines_for(&f, &live) > 0,
+        "the live sandbox lost its DNAT"
+    );
+    assert!(f.record_path(&live, "eth0").exists());
+    assert!(
+        foreign_record.exists(),
+        "a network containerd does not serve was judged by its list"
+    );
+
+    // containerd crashes, its socket left behind: counted, and nothing judged by it.
+    ctrd.crash();
+    let before = sample(&agent.metrics(), runs).unwrap_or(0.0);
+    let m = wait_metrics("gc runs without an answer", &|m| {
+        sample(m, &up) == Some(0.0) && sample(m, runs).unwrap_or(0.0) >= before + 2.0
+    });
+    assert!(sample(&m, &unanswered).unwrap_or(0.0) >= 1.0, "{m}");
+    assert!(f.record_path(&live, "eth0").exists());
+    assert!(foreign_record.exists());
+    assert!(agent.log_text().contains("did not answer"));
+
+    // Stopped cleanly, it takes its socket along: no runtime to ask, no stale gauge.
+    let mut ctrd = Containerd::start_in(&f, &dir, Some(&private));
+    wait_metrics("containerd answering again", &|m| {
+        sample(m, &up) == Some(1.0)
+    });
+    ctrd.stop();
+    wait_metrics("no runtime left to ask", &|m| sample(m, &up).is_none());
+    assert!(agent.log_text().contains("no CRI runtime to ask"));
+    assert!(f.record_path(&live, "eth0").exists());
+    assert!(agent.stop(20).success(), "{}", agent.log_text());
+
+    // Teardown as kubelet and the other caller would do it.
+    let ctrd = Containerd::start_in(&f, &dir, Some(&private));
+    ctrd.stop_and_remove(&live);
+    assert!(!f.record_path(&live, "eth0").exists(), "{}", f.log());
+    drop(ctrd);
+    f.network = other;
+    f.del(&foreign, "eth0", Some(&podman_like.path_str()), None)
+        .unwrap();
     for e in fs::read_dir("/var/lib/cni/results")
         .into_iter()
         .flatten()

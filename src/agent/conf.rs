@@ -68,22 +68,36 @@ pub fn loadable(dir: &Path) -> Result<Vec<(PathBuf, Value)>> {
 }
 
 pub fn choose(dir: &Path, choice: &Choice) -> Result<Vec<PathBuf>> {
-    let all = loadable(dir)?;
+    Ok(chosen(dir, choice)?.into_iter().map(|(p, _)| p).collect())
+}
+
+/// The chosen files with their documents.
+pub fn chosen(dir: &Path, choice: &Choice) -> Result<Vec<(PathBuf, Value)>> {
+    let mut all = loadable(dir)?;
     Ok(match choice {
-        Choice::First => all.into_iter().take(1).map(|(p, _)| p).collect(),
-        Choice::All => all.into_iter().map(|(p, _)| p).collect(),
+        Choice::First => all.into_iter().take(1).collect(),
+        Choice::All => all,
         Choice::Named(name) => {
             let by_file = all
                 .iter()
-                .find(|(p, _)| p.file_name().is_some_and(|f| f == name.as_str()));
-            let by_net = || all.iter().find(|(_, d)| d["name"] == name.as_str());
-            by_file
-                .or_else(by_net)
-                .map(|(p, _)| p.clone())
-                .into_iter()
-                .collect()
+                .position(|(p, _)| p.file_name().is_some_and(|f| f == name.as_str()));
+            let by_net = || all.iter().position(|(_, d)| d["name"] == name.as_str());
+            match by_file.or_else(by_net) {
+                Some(i) => vec![all.swap_remove(i)],
+                None => Vec::new(),
+            }
         }
     })
+}
+
+/// The network names of the chosen files (the records' `network`).
+pub fn networks(dir: &Path, choice: &Choice) -> Result<Vec<String>> {
+    let mut names: Vec<String> = chosen(dir, choice)?
+        .iter()
+        .filter_map(|(_, d)| d["name"].as_str().map(String::from))
+        .collect();
+    names.dedup();
+    Ok(names)
 }
 
 #[cfg(test)]
@@ -115,6 +129,12 @@ mod tests {
             vec![dir.join("20-a.conflist")]
         );
         assert!(choose(&dir, &"zz".parse().unwrap()).unwrap().is_empty());
+        assert_eq!(networks(&dir, &Choice::First).unwrap(), ["b"]);
+        assert_eq!(networks(&dir, &Choice::All).unwrap(), ["b", "a"]);
+        assert_eq!(
+            networks(&dir, &"20-a.conflist".parse().unwrap()).unwrap(),
+            ["a"]
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,14 +1,37 @@
 //! gc at start (the boot run: the network pod may not be up yet; failed replays back off
-//! as in every gc run) and every interval after, feeding the metrics.
+//! as in every gc run) and every interval after, feeding the metrics. Before each run
+//! the CRI runtimes are asked for their pod sandboxes, so no record is judged by a list
+//! older than itself.
 
-use super::{Shared, Stop};
+use super::{conf, CriEndpoints, Options, Shared, Stop};
 use crate::ledger::Ledger;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-pub fn run(shared: &Shared, opts: &crate::gc::Options, interval: Duration, stop: &Stop) {
+/// How long a CRI runtime has to answer.
+const CRI_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub fn run(shared: &Shared, opts: &Options, stop: &Stop) {
+    let mut last_endpoints = None;
     loop {
         let t0 = Instant::now();
-        match crate::gc::run(opts) {
+        let mut gc = opts.gc.clone();
+        let endpoints = endpoints(opts);
+        if last_endpoints.as_ref() != Some(&endpoints) {
+            match endpoints.is_empty() {
+                true => {
+                    crate::info!("agent: no CRI runtime to ask; records are judged without one")
+                }
+                false => crate::info!("agent: asking the CRI runtime at {}", endpoints.join(", ")),
+            }
+            last_endpoints = Some(endpoints.clone());
+        }
+        let consulted = (!endpoints.is_empty()).then(|| consult(opts, &endpoints));
+        let answers = consulted.as_ref().map_or(&[][..], |c| &c.answers[..]);
+        // No runtime now: no `cni_ledger_cri_up` left from one that went away.
+        shared.metrics.observe_cri(answers);
+        gc.cri = consulted.and_then(|c| c.judgement);
+        match crate::gc::run(&gc) {
             Ok(report) => shared
                 .metrics
                 .observe_gc(&report, t0.elapsed().as_secs_f64()),
@@ -17,9 +40,43 @@ pub fn run(shared: &Shared, opts: &crate::gc::Options, interval: Duration, stop:
                 shared.metrics.observe_gc_error(t0.elapsed().as_secs_f64());
             }
         }
-        shared.metrics.observe_ledger(&Ledger::at(&opts.ledger_dir));
-        if stop.requested() || stop.sleep(interval) {
+        shared
+            .metrics
+            .observe_ledger(&Ledger::at(&opts.gc.ledger_dir));
+        if stop.requested() || stop.sleep(opts.gc_interval) {
             return;
         }
     }
+}
+
+fn endpoints(opts: &Options) -> Vec<String> {
+    match &opts.cri {
+        CriEndpoints::Off => Vec::new(),
+        CriEndpoints::Given(e) => e.clone(),
+        CriEndpoints::Auto => {
+            crate::cri::discover(opts.gc.plugin_root.as_deref().unwrap_or(Path::new("/")))
+        }
+    }
+}
+
+/// The runtimes' word on the networks concerned: the ones named, else the chosen
+/// conflists' that the runtime says it serves.
+fn consult(opts: &Options, endpoints: &[String]) -> crate::cri::Consulted {
+    use crate::cri::Served;
+    let (networks, served) = if opts.cri_networks.is_empty() {
+        let nets = conf::networks(&opts.conf_dir, &opts.choice).unwrap_or_else(|e| {
+            crate::error!("agent: {e:#}; nothing is judged by sandbox lists this run");
+            Vec::new()
+        });
+        (nets, Served::Reported)
+    } else {
+        (opts.cri_networks.clone(), Served::Any)
+    };
+    if networks.is_empty() {
+        return crate::cri::Consulted {
+            judgement: None,
+            answers: Vec::new(),
+        };
+    }
+    crate::cri::consult(endpoints, &networks, served, CRI_TIMEOUT)
 }

@@ -42,6 +42,22 @@ pub struct Options {
     /// gc's options; also names the ledger dir and libcni's cache dir.
     pub gc: crate::gc::Options,
     pub uninstall: bool,
+    /// The CRI runtimes asked for their pod sandboxes before each gc run.
+    pub cri: CriEndpoints,
+    /// The networks they judge; empty: the chosen conflists' networks that the runtime
+    /// says it serves (or all of them, for a runtime that does not say).
+    pub cri_networks: Vec<String>,
+}
+
+/// Which CRI runtimes the agent asks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CriEndpoints {
+    /// containerd's and CRI-O's default sockets, those that exist at each gc run
+    /// (under `--plugin-root` when it is set: the node's own files).
+    Auto,
+    /// None: no record is judged by a sandbox list.
+    Off,
+    Given(Vec<String>),
 }
 
 /// What `/readyz` reports; written by the watcher, read by the server.
@@ -274,7 +290,7 @@ pub fn run(mut opts: Options) -> Result<i32> {
         let (shared, stop, opts) = (shared.clone(), stop.clone(), opts.clone());
         std::thread::Builder::new()
             .name("gc".into())
-            .spawn(move || gc_loop::run(&shared, &opts.gc, opts.gc_interval, &stop))
+            .spawn(move || gc_loop::run(&shared, &opts, &stop))
             .context("starting the gc loop")?
     };
 

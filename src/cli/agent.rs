@@ -1,6 +1,6 @@
 //! `cni-ledger agent`: the long-running node agent (see `crate::agent`).
 
-use crate::agent::{self, Choice};
+use crate::agent::{self, Choice, CriEndpoints};
 use anyhow::Result;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -64,6 +64,37 @@ pub struct Args {
     /// Append log lines here instead of stderr.
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
+    /// CRI runtimes asked which pod sandboxes exist before each gc run (repeatable):
+    /// `auto` (containerd's and CRI-O's default sockets, those that exist), `none`, or
+    /// unix:///PATH.
+    #[arg(
+        long = "cri-endpoint",
+        value_name = "auto|none|unix:///PATH",
+        default_value = "auto"
+    )]
+    cri_endpoints: Vec<String>,
+    /// A network the CRI runtime judges (repeatable). Default: the chosen conflists'
+    /// networks that the runtime says it serves.
+    #[arg(long = "cri-network", value_name = "NAME")]
+    cri_networks: Vec<String>,
+}
+
+fn cri_endpoints(given: &[String]) -> Result<CriEndpoints> {
+    if given.iter().any(|e| e == "none") {
+        return Ok(CriEndpoints::Off);
+    }
+    let explicit: Vec<String> = given.iter().filter(|e| *e != "auto").cloned().collect();
+    if explicit.is_empty() {
+        return Ok(CriEndpoints::Auto);
+    }
+    anyhow::ensure!(
+        explicit.len() == given.len(),
+        "--cri-endpoint auto cannot be combined with explicit endpoints"
+    );
+    for e in &explicit {
+        crate::cri::socket_path(e)?;
+    }
+    Ok(CriEndpoints::Given(explicit))
 }
 
 pub fn run(args: Args) -> Result<i32> {
@@ -87,5 +118,28 @@ pub fn run(args: Args) -> Result<i32> {
         resync: Duration::from_secs(args.resync.max(1)),
         gc,
         uninstall: args.uninstall,
+        cri: cri_endpoints(&args.cri_endpoints)?,
+        cri_networks: args.cri_networks,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cri_endpoint_values() {
+        let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(cri_endpoints(&v(&["auto"])).unwrap(), CriEndpoints::Auto);
+        assert_eq!(
+            cri_endpoints(&v(&["auto", "none"])).unwrap(),
+            CriEndpoints::Off
+        );
+        assert_eq!(
+            cri_endpoints(&v(&["unix:///run/a.sock", "unix:///run/b.sock"])).unwrap(),
+            CriEndpoints::Given(v(&["unix:///run/a.sock", "unix:///run/b.sock"]))
+        );
+        assert!(cri_endpoints(&v(&["auto", "unix:///run/a.sock"])).is_err());
+        assert!(cri_endpoints(&v(&["/run/a.sock"])).is_err());
+    }
 }

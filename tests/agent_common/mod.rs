@@ -30,8 +30,7 @@ impl Agent {
     /// Starts `cni-ledger agent ARGS --listen 127.0.0.1:<port> --log-file LOG` and waits
     /// until /healthz answers.
     pub fn start(bin: &Path, args: &[String], log: &Path, netns: Option<&str>) -> Agent {
-        let port = free_port();
-        let mut c = match netns {
+        let c = match netns {
             Some(ns) => {
                 let mut c = Command::new("ip");
                 c.args(["netns", "exec", ns]).arg(bin);
@@ -39,6 +38,28 @@ impl Agent {
             }
             None => Command::new(bin),
         };
+        Self::spawn(c, args, log, netns)
+    }
+
+    /// The same in the network namespace `netns` and the mount namespace of the file
+    /// `mnt` (`/proc/PID/ns/mnt`), with nsenter, which execs the agent (`ip netns exec`
+    /// would make a mount namespace of its own).
+    pub fn start_in_mounts(
+        bin: &Path,
+        args: &[String],
+        log: &Path,
+        netns: &str,
+        mnt: &str,
+    ) -> Agent {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--mount={mnt}"))
+            .arg(format!("--net=/run/netns/{netns}"))
+            .arg(bin);
+        Self::spawn(c, args, log, Some(netns))
+    }
+
+    fn spawn(mut c: Command, args: &[String], log: &Path, netns: Option<&str>) -> Agent {
+        let port = free_port();
         c.arg("agent")
             .args(args)
             .arg("--listen")
