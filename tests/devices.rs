@@ -253,3 +253,42 @@ fn true_returns_only_device_backed_links_so_a_veth_stays() {
         "{log}"
     );
 }
+
+/// The namespace opened for the move is checked, not the path: a namespace that is not
+/// the recorded one (another cookie) gives up nothing, even at the recorded path.
+#[test]
+fn only_the_namespace_with_the_recorded_cookie_gives_up_devices() {
+    use cni_ledger::devices::{return_devices, Spec};
+    let f = fixture(Some(json!({"names": ["dev*"]})));
+    let pod = pod_with_device(&f, "c-cookie");
+    let host = std::fs::File::open(format!("/run/netns/{}", f.host.name())).unwrap();
+    let path = pod.path_str();
+    let (wrong, right) = std::thread::spawn(move || {
+        // This thread alone moves into the test's host namespace, then ends.
+        nix::sched::setns(&host, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let opened = std::fs::File::open(&path).unwrap();
+        let cookie = cni_ledger::sandbox::identity::netns_cookie(&opened).unwrap();
+        let spec = Spec {
+            names: vec!["dev*".into()],
+        };
+        let wrong = return_devices(&path, cookie + 1, &spec);
+        let right = return_devices(&path, cookie, &spec);
+        (wrong, right)
+    })
+    .join()
+    .unwrap();
+    assert!(wrong.moved.is_empty(), "{:?}", wrong.moved);
+    assert_eq!(wrong.failures.len(), 1, "{:?}", wrong.failures);
+    assert!(
+        wrong.failures[0]
+            .error
+            .contains("is not the recorded namespace now"),
+        "{:?}",
+        wrong.failures
+    );
+    assert_eq!(right.moved.len(), 1, "{:?}", right.failures);
+    assert!(host_link(&f, ALIAS).is_some());
+    assert!(pod_link(&pod, POD_NAME).is_none());
+    f.del("c-cookie", "eth0", Some(&pod.path_str()), None)
+        .unwrap_or_else(|e| panic!("DEL: {e}\nlog:\n{}", f.log()));
+}

@@ -105,7 +105,11 @@ mod tests {
         let ours = include_str!("api.rs");
         assert!(proto.contains("\npackage runtime.v1;\n"));
         for (rpc, req, resp) in [
-            (LIST_POD_SANDBOX, "ListPodSandboxRequest", "ListPodSandboxResponse"),
+            (
+                LIST_POD_SANDBOX,
+                "ListPodSandboxRequest",
+                "ListPodSandboxResponse",
+            ),
             (STATUS, "StatusRequest", "StatusResponse"),
         ] {
             let name = rpc.rsplit('/').next().unwrap();
@@ -136,7 +140,13 @@ mod tests {
                 continue;
             }
             for (attr, field) in rust_fields(&body) {
-                let tag = attr.split("tag = \"").nth(1).unwrap().split('"').next().unwrap();
+                let tag = attr
+                    .split("tag = \"")
+                    .nth(1)
+                    .unwrap()
+                    .split('"')
+                    .next()
+                    .unwrap();
                 let decl = published
                     .iter()
                     .find(|l| l.ends_with(&format!(" {field} = {tag};")))
@@ -167,7 +177,9 @@ mod tests {
             } else {
                 continue;
             };
-            let name = line.split_whitespace().nth(if prefix.is_empty() { 1 } else { 2 });
+            let name = line
+                .split_whitespace()
+                .nth(if prefix.is_empty() { 1 } else { 2 });
             let name = name.unwrap().trim_end_matches('{').to_string();
             let body: Vec<&str> = lines.by_ref().take_while(|l| *l != "}").collect();
             out.push((kind, name, body.join("\n")));
@@ -218,7 +230,10 @@ mod tests {
             format!("map<{}>", m.split('"').next().unwrap())
         } else if attr.starts_with("message") {
             let t = declared.trim_start_matches("repeated ");
-            assert!(t.starts_with(char::is_uppercase), "{declared} is no message");
+            assert!(
+                t.starts_with(char::is_uppercase),
+                "{declared} is no message"
+            );
             t.to_string()
         } else {
             attr.split(',').next().unwrap().to_string()

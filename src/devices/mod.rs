@@ -114,8 +114,10 @@ fn failure(device: &str, bus_address: Option<String>, error: impl std::fmt::Disp
 }
 
 /// Moves the devices in the namespace at `netns` back to the namespace this process
-/// runs in (the host's). Never fails: what goes wrong is in `Outcome::failures`.
-pub fn return_devices(netns: &str, spec: &Spec) -> Outcome {
+/// runs in (the host's), if the namespace opened there has the cookie `cookie` (the
+/// record's): what is entered is exactly what was checked, however the path changes in
+/// between. Never fails: what goes wrong is in `Outcome::failures`.
+pub fn return_devices(netns: &str, cookie: u64, spec: &Spec) -> Outcome {
     let fail = |step: &str, e: &dyn std::fmt::Display| Outcome {
         failures: vec![failure("-", None, format!("{step}: {e}"))],
         ..Outcome::default()
@@ -134,6 +136,16 @@ pub fn return_devices(netns: &str, spec: &Spec) -> Outcome {
         Ok(f) => f,
         Err(e) => return fail(&format!("opening {netns}"), &e),
     };
+    match crate::sandbox::identity::netns_cookie(&pod_ns) {
+        Ok(c) if c == cookie => {}
+        Ok(c) => {
+            return fail(
+                &format!("{netns} is not the recorded namespace now"),
+                &format_args!("cookie {c}, recorded {cookie}; nothing moved"),
+            )
+        }
+        Err(e) => return fail(&format!("reading the cookie of {netns}"), &e),
+    }
     let patterns = spec.names.clone();
     // setns changes the calling thread's namespace for good, and whatever it runs or
     // spawns later inherits it: so it happens only on this thread, which then ends.
@@ -307,7 +319,23 @@ fn bus_of(sysfs_dir: &Path) -> Option<String> {
 /// DEL's (and gc's replayed DEL's) part: return the devices of the attachment `key`
 /// from `netns`, log each, and keep failures where `list` shows them. Never fails.
 pub fn at_del(ledger: &Ledger, key: &Key, netns: &str, spec: &Spec, who: &str) {
-    let out = return_devices(netns, spec);
+    // The record is still there (devices go back before it does): its cookie names the
+    // one namespace devices may be taken from.
+    let cookie = match ledger.read(&key.stem()) {
+        Ok(Some(crate::ledger::Decoded::Ok(rec))) => rec.netns_id.and_then(|id| id.cookie),
+        _ => None,
+    };
+    let out = match cookie {
+        Some(cookie) => return_devices(netns, cookie, spec),
+        None => Outcome {
+            failures: vec![failure(
+                "-",
+                None,
+                "the record's namespace cookie cannot be read; nothing moved",
+            )],
+            ..Outcome::default()
+        },
+    };
     for m in &out.moved {
         crate::info!(
             "{who} {key}: returned {} {} ({}) to the host as {}{}, down",

@@ -55,16 +55,20 @@ fn record(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
 
     let boot_id = sandbox::boot_id()
         .map_err(|e| ledger_error(anyhow::Error::new(e).context("reading the boot ID")))?;
-    let netns_id = match sandbox::probe(&args.netns) {
-        Probe::Namespace(id) => Some(id),
-        other => {
-            crate::warn!(
-                "ADD {key}: netns {} is not a namespace now ({other:?}); recorded without identity",
-                args.netns
-            );
-            None
-        }
+    let why_none = match sandbox::probe(&args.netns) {
+        Probe::Namespace(id) => Ok(id),
+        Probe::Missing => Err("nothing is there".to_string()),
+        Probe::NotNamespace => Err("it is no namespace file".to_string()),
+        Probe::Unknown(e) => Err(e),
     };
+    let netns_id = why_none
+        .map_err(|why| {
+            crate::warn!(
+                "ADD {key}: netns {}: {why}; recorded without identity",
+                args.netns
+            )
+        })
+        .ok();
 
     // The snapshot guard is held until the record naming the snapshot is durable, so a
     // concurrent sweep cannot delete the snapshot in between.
