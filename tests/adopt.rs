@@ -56,13 +56,7 @@ fn add(f: &Fixture, cid: &str, ns: &Netns, port: u16) -> String {
         !f.record_path(cid, "eth0").exists(),
         "the ledger is not in the chain"
     );
-    res["ips"][0]["address"]
-        .as_str()
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string()
+    first_ip(&res)
 }
 
 fn btime() -> i64 {

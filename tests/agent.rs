@@ -331,13 +331,7 @@ fn reboot_under_the_agent_start_up_gc_replays_and_a_failing_plugin_backs_off_whi
         let out = c.output().unwrap();
         assert!(out.status.success(), "ADD {cid}: {}", describe(&out));
         let res: Value = serde_json::from_slice(&out.stdout).unwrap();
-        res["ips"][0]["address"]
-            .as_str()
-            .unwrap()
-            .split('/')
-            .next()
-            .unwrap()
-            .to_string()
+        first_ip(&res)
     };
     // pod1 under the plain chain; pod2 under a chain whose last plugin refuses DEL.
     let ns1 = Netns::new();

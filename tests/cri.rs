@@ -445,6 +445,20 @@ fn row<'a>(rows: &'a [Value], id: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no row for {id}: {rows:#?}"))
 }
 
+/// containerd's libcni cache is the system's (/var/lib/cni): drops what a sandbox the
+/// test made containerd forget left there.
+fn forget_system_cache_entries(id: &str) {
+    for e in fs::read_dir("/var/lib/cni/results")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if e.file_name().to_string_lossy().contains(&format!("-{id}-")) {
+            let _ = fs::remove_file(e.path());
+        }
+    }
+}
+
 fn record_netns(f: &Fixture, id: &str) -> String {
     let v: Value = serde_json::from_slice(&fs::read(f.record_path(id, "eth0")).unwrap()).unwrap();
     v["record"]["netns"].as_str().unwrap().to_string()
@@ -567,20 +581,8 @@ fn containerd_sandbox_list_judges_exactly_the_forgotten_sandbox() {
     if let Some(name) = wiped_ns.strip_prefix("/var/run/netns/") {
         let _ = Command::new("ip").args(["netns", "del", name]).status();
     }
-    // containerd's libcni cache is the system's (/var/lib/cni): drop what the forgotten
-    // sandbox left there (gc removed the entry of our network; loopback's is left).
-    for e in fs::read_dir("/var/lib/cni/results")
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        if e.file_name()
-            .to_string_lossy()
-            .contains(&format!("-{wiped}-"))
-        {
-            let _ = fs::remove_file(e.path());
-        }
-    }
+    // gc removed the entry of our network; loopback's is left.
+    forget_system_cache_entries(&wiped);
 }
 
 /// The agent finds containerd at its default socket by itself, asks it before every gc
@@ -749,16 +751,5 @@ fn agent_asks_containerd_at_its_default_socket() {
     f.network = other;
     f.del(&foreign, "eth0", Some(&podman_like.path_str()), None)
         .unwrap();
-    for e in fs::read_dir("/var/lib/cni/results")
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        if e.file_name()
-            .to_string_lossy()
-            .contains(&format!("-{wiped}-"))
-        {
-            let _ = fs::remove_file(e.path());
-        }
-    }
+    forget_system_cache_entries(&wiped);
 }

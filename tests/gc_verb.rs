@@ -99,13 +99,7 @@ fn add(f: &Fixture, cid: &str, ns: &Netns) -> String {
     let res = f
         .add(cid, "eth0", Some(&ns.path_str()), None)
         .unwrap_or_else(|e| panic!("ADD {cid}: {e}\nlog:\n{}", f.log()));
-    res["ips"][0]["address"]
-        .as_str()
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string()
+    first_ip(&res)
 }
 
 fn snapshot_of(f: &Fixture, cid: &str) -> String {

@@ -961,3 +961,11 @@ pub fn count_by(rows: &[Value], key: &str) -> BTreeMap<String, usize> {
     }
     m
 }
+
+/// The address (without prefix length) of a CNI result's first IP.
+pub fn first_ip(result: &Value) -> String {
+    let cidr = result["ips"][0]["address"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no ips[0].address in {result:#}"));
+    cidr.split('/').next().unwrap_or(cidr).to_string()
+}
