@@ -175,7 +175,7 @@ pub fn read_listed_file(dir: &File, name: &std::ffi::OsStr, limit: u64) -> io::R
         nix::sys::stat::Mode::empty(),
     )
     .map_err(io::Error::from)?;
-    // The crate's one unsafe block ([lints] in Cargo.toml denies the rest).
+    // One of the crate's few unsafe blocks, each allowed by name ([lints] in Cargo.toml).
     // SAFETY: `fd` was just returned by a successful openat and is owned by nothing
     // else; the File takes sole ownership and closes it once.
     let f = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
