@@ -5,12 +5,15 @@
 //! re-read and re-judge under the lock, replay DEL, then remove the record or store
 //! the attempt with its backoff.
 
+pub mod libcni_cache;
+pub mod replay;
+
 use crate::conflist;
 use crate::ledger::{Decoded, Ledger, Quarantine, Record, Wait};
-use crate::record_cache::CachedAttachment;
-use crate::replay::{self, Invocation, PluginOutcome};
 use crate::sandbox::{self, Evidence, Liveness, Reason};
 use anyhow::{Context, Result};
+use libcni_cache::CachedAttachment;
+use replay::{Invocation, PluginOutcome};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::HashSet;

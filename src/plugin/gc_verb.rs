@@ -101,7 +101,7 @@ fn valid_list(stdin: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replay::PluginOutcome;
+    use crate::gc::replay::PluginOutcome;
 
     fn rec(cid: &str, action: &'static str, plugins: Vec<PluginOutcome>) -> RecordReport {
         RecordReport {
