@@ -9,9 +9,6 @@ pub mod conflist;
 pub mod cri;
 pub mod devices;
 pub mod faults;
-// The `expect`s in gc (and its replay) state invariants (piped stdio, unpoisoned locks);
-// to be taken out now that the gc engine has its own folder (issue 12).
-#[allow(clippy::expect_used)]
 pub mod gc;
 pub mod injection;
 pub mod ledger;
