@@ -4,7 +4,9 @@
 
 use super::libcni_cache::CachedAttachment;
 use super::replay::{self, Invocation, PluginOutcome};
-use super::{backoff_secs, decide, failure_text, judge, Decision, Judged, Options, RecordReport};
+use super::{
+    backoff_secs, decide, failure_text, judge, Action, Decision, Judged, Options, RecordReport,
+};
 use crate::conflist;
 use crate::ledger::{Decoded, Key, KeyLock, Ledger, Record, Wait};
 use anyhow::Result;
@@ -26,7 +28,7 @@ pub(super) fn attempt(
         return RecordReport::of(seen, judged, action);
     }
     let Some(lock) = try_lock(ledger, &key) else {
-        return RecordReport::of(seen, judged, "busy");
+        return RecordReport::of(seen, judged, Action::Busy);
     };
     match recheck(ledger, seen, boot, opts) {
         Recheck::Stale(rec, judged, verified) => {
@@ -36,9 +38,9 @@ pub(super) fn attempt(
             let netns = verified.then(|| rec.netns.clone());
             replay(ledger, lock, &rec, judged, netns, now, opts)
         }
-        Recheck::Live(rec) => RecordReport::of(&rec, judged, "live"),
-        Recheck::Gone => RecordReport::of(seen, judged, "gone"),
-        Recheck::Changed => RecordReport::of(seen, judged, "changed"),
+        Recheck::Live(rec) => RecordReport::of(&rec, judged, Action::Live),
+        Recheck::Gone => RecordReport::of(seen, judged, Action::Gone),
+        Recheck::Changed => RecordReport::of(seen, judged, Action::Changed),
     }
 }
 
@@ -143,7 +145,7 @@ fn replay(
         c.remove();
     }
     crate::info!("gc: {key}: replayed, record removed");
-    let mut r = RecordReport::of(rec, judged, "replayed");
+    let mut r = RecordReport::of(rec, judged, Action::Replayed);
     r.config_source = Some(source);
     r.plugins = outcomes;
     r.replay_netns = netns;
@@ -231,13 +233,17 @@ fn record_failure(
     gc.last_attempt_at = Some(crate::time::rfc3339(now));
     gc.next_attempt_at = Some(crate::time::rfc3339(now + backoff_secs(gc.attempts)));
     gc.failed = gc.attempts >= opts.max_attempts;
-    let action = if gc.failed { "failed" } else { "retrying" };
+    let action = if gc.failed {
+        Action::Failed
+    } else {
+        Action::Retrying
+    };
     let mut updated = rec.clone();
     updated.gc = Some(gc);
     if let Err(e) = ledger.write(&updated) {
         crate::error!("gc: {key}: cannot store the attempt: {e:#}");
     }
-    if action == "failed" {
+    if action == Action::Failed {
         crate::error!(
             "gc: {key}: giving up after {} attempts; left for an operator",
             opts.max_attempts

@@ -11,7 +11,7 @@ pub mod replay;
 mod report;
 
 pub use policy::{backoff_secs, decide, judge, Decision, BACKOFF_BASE_SECS, BACKOFF_MAX_SECS};
-pub use report::{failure_text, CriSummary, DamagedReport, RecordReport, Report, Summary};
+pub use report::{failure_text, Action, CriSummary, DamagedReport, RecordReport, Report, Summary};
 
 use crate::ledger::{Decoded, Ledger, Quarantine, Record};
 use crate::sandbox::{self, Evidence, Reason};
@@ -118,7 +118,7 @@ pub fn run(opts: &Options) -> Result<Report> {
     let mut released = HashSet::new();
     for (i, r) in attempt_all(&ledger, &candidates, &boot, now, opts) {
         report.summary.count(r.action);
-        if r.action == "replayed" {
+        if r.action == Action::Replayed {
             released.extend(candidates[i].rec.snapshot.clone());
         }
         report.records.push(r);

@@ -1,7 +1,7 @@
 //! gc's pure policy: whether a record's sandbox is gone (`judge`), whether to replay a
 //! stale record now (`decide`), and how long to wait after a failed attempt.
 
-use super::Options;
+use super::{Action, Options};
 use crate::ledger::Record;
 use crate::sandbox::{self, Evidence, Liveness, Reason};
 
@@ -12,19 +12,19 @@ pub const BACKOFF_MAX_SECS: i64 = 3600;
 #[derive(Debug, PartialEq, Eq)]
 pub enum Decision {
     Replay,
-    Skip(&'static str),
+    Skip(Action),
 }
 
 pub fn decide(rec: &Record, reason: Reason, now: i64, opts: &Options) -> Decision {
     let gc = rec.gc.clone().unwrap_or_default();
     if gc.failed && !opts.retry_failed {
-        return Decision::Skip("skip-failed");
+        return Decision::Skip(Action::SkipFailed);
     }
     // A young record may belong to an ADD whose sandbox is still being set up, unless
     // the node rebooted since: then nothing from before can be alive.
     let young = rec.created_unix().is_none_or(|t| now - t < opts.grace_secs);
     if young && reason != Reason::BootChanged {
-        return Decision::Skip("skip-grace");
+        return Decision::Skip(Action::SkipGrace);
     }
     let due = gc
         .next_attempt_at
@@ -32,10 +32,10 @@ pub fn decide(rec: &Record, reason: Reason, now: i64, opts: &Options) -> Decisio
         .and_then(crate::time::parse_rfc3339)
         .is_none_or(|t| t <= now);
     if !due && !opts.ignore_backoff && !gc.failed {
-        return Decision::Skip("skip-backoff");
+        return Decision::Skip(Action::SkipBackoff);
     }
     if opts.dry_run {
-        return Decision::Skip("would-replay");
+        return Decision::Skip(Action::WouldReplay);
     }
     Decision::Replay
 }
@@ -102,7 +102,7 @@ mod tests {
         let o = opts();
         assert_eq!(
             decide(&rec, Reason::NetnsMissing, created + 5, &o),
-            Decision::Skip("skip-grace")
+            Decision::Skip(Action::SkipGrace)
         );
         assert_eq!(
             decide(&rec, Reason::BootChanged, created + 5, &o),
@@ -116,7 +116,7 @@ mod tests {
         bad.created_at = "garbage".into();
         assert_eq!(
             decide(&bad, Reason::NetnsMissing, created + 1000, &o),
-            Decision::Skip("skip-grace")
+            Decision::Skip(Action::SkipGrace)
         );
     }
 
@@ -132,24 +132,24 @@ mod tests {
         let mut o = opts();
         assert_eq!(
             decide(&rec, Reason::NetnsMissing, t, &o),
-            Decision::Skip("skip-backoff")
+            Decision::Skip(Action::SkipBackoff)
         );
         o.ignore_backoff = true;
         assert_eq!(decide(&rec, Reason::NetnsMissing, t, &o), Decision::Replay);
         o.dry_run = true;
         assert_eq!(
             decide(&rec, Reason::NetnsMissing, t, &o),
-            Decision::Skip("would-replay")
+            Decision::Skip(Action::WouldReplay)
         );
         rec.gc.as_mut().unwrap().failed = true;
         assert_eq!(
             decide(&rec, Reason::NetnsMissing, t, &o),
-            Decision::Skip("skip-failed")
+            Decision::Skip(Action::SkipFailed)
         );
         o.retry_failed = true;
         assert_eq!(
             decide(&rec, Reason::NetnsMissing, t, &o),
-            Decision::Skip("would-replay")
+            Decision::Skip(Action::WouldReplay)
         );
     }
 

@@ -19,19 +19,72 @@ pub struct Summary {
     pub damaged: usize,
 }
 
+/// What became of one stale record in a run (`action` in the report).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Action {
+    /// DEL replayed through the whole chain; the record is gone.
+    Replayed,
+    /// A plugin's DEL failed; the record stays, with its next attempt after a backoff.
+    Retrying,
+    /// A plugin's DEL failed for the last allowed time: left for an operator.
+    Failed,
+    /// Dry run: would have been replayed.
+    WouldReplay,
+    /// Young, so perhaps an ADD still in progress; not judged yet.
+    SkipGrace,
+    /// Its last attempt's backoff has not run out.
+    SkipBackoff,
+    /// Marked failed by an earlier run (`--retry-failed` tries it again).
+    SkipFailed,
+    /// An ADD, DEL or another gc held its key.
+    Busy,
+    /// Removed since the scan.
+    Gone,
+    /// Replaced or unreadable since the scan.
+    Changed,
+    /// Live after all, on the re-check under its lock.
+    Live,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Replayed => "replayed",
+            Action::Retrying => "retrying",
+            Action::Failed => "failed",
+            Action::WouldReplay => "would-replay",
+            Action::SkipGrace => "skip-grace",
+            Action::SkipBackoff => "skip-backoff",
+            Action::SkipFailed => "skip-failed",
+            Action::Busy => "busy",
+            Action::Gone => "gone",
+            Action::Changed => "changed",
+            Action::Live => "live",
+        }
+    }
+}
+
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl Summary {
-    /// Counts one stale record by what became of it.
-    pub(super) fn count(&mut self, action: &str) {
+    /// Counts one stale record by what became of it: what the exit status hangs on.
+    pub(super) fn count(&mut self, action: Action) {
         match action {
-            "replayed" => self.replayed += 1,
-            "retrying" | "skip-backoff" | "busy" => self.retrying += 1,
-            "failed" | "skip-failed" => self.failed += 1,
-            "would-replay" => self.would_replay += 1,
-            "live" => {
+            Action::Replayed => self.replayed += 1,
+            Action::Retrying | Action::SkipBackoff | Action::Busy => self.retrying += 1,
+            Action::Failed | Action::SkipFailed => self.failed += 1,
+            Action::WouldReplay => self.would_replay += 1,
+            // Counted stale by the scan, it never was.
+            Action::Live => {
                 self.live += 1;
                 self.stale -= 1;
             }
-            _ => self.skipped += 1,
+            Action::SkipGrace | Action::Gone | Action::Changed => self.skipped += 1,
         }
     }
 }
@@ -45,7 +98,7 @@ pub struct RecordReport {
     pub reason: &'static str,
     /// Which identity decided (`sandbox::Evidence`).
     pub identity: &'static str,
-    pub action: &'static str,
+    pub action: Action,
     /// The CNI_NETNS a replay was given: the recorded path only when its cookie proved it
     /// the recorded namespace, else none.
     pub replay_netns: Option<String>,
@@ -58,7 +111,7 @@ pub struct RecordReport {
 
 impl RecordReport {
     /// The entry of a record as it stands (its gc state included), before any replay.
-    pub(super) fn of(rec: &Record, (reason, evidence): Judged, action: &'static str) -> Self {
+    pub(super) fn of(rec: &Record, (reason, evidence): Judged, action: Action) -> Self {
         let gc = rec.gc.clone().unwrap_or_default();
         RecordReport {
             network: rec.network.clone(),
@@ -130,5 +183,30 @@ pub fn failure_text(o: &PluginOutcome) -> String {
     match o.exit_status {
         Some(s) => format!("{who}{msg} (exit {s})"),
         None => format!("{who}{msg}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actions_serialise_as_they_print() {
+        let all = [
+            Action::Replayed,
+            Action::Retrying,
+            Action::Failed,
+            Action::WouldReplay,
+            Action::SkipGrace,
+            Action::SkipBackoff,
+            Action::SkipFailed,
+            Action::Busy,
+            Action::Gone,
+            Action::Changed,
+            Action::Live,
+        ];
+        for a in all {
+            assert_eq!(serde_json::to_value(a).unwrap(), a.as_str(), "{a:?}");
+        }
     }
 }
