@@ -8,7 +8,7 @@ use super::{
     backoff_secs, decide, failure_text, judge, Action, Decision, Judged, Options, RecordReport,
 };
 use crate::conflist;
-use crate::ledger::{Decoded, Key, KeyLock, Ledger, Record, Wait};
+use crate::ledger::{Decoded, Key, KeyLock, Ledger, Record, Snapshot, Wait};
 use anyhow::Result;
 use serde_json::{Map, Value};
 use std::path::PathBuf;
@@ -295,18 +295,9 @@ fn snapshot_config(ledger: &Ledger, rec: &Record) -> Result<Option<Value>> {
         return Ok(None);
     };
     match ledger.get_snapshot(hash)? {
-        Some(Ok(bytes)) => return Ok(conflist::parse(&bytes)),
-        Some(Err(reason)) => {
-            let path = ledger.snapshot_path(hash);
-            match ledger.quarantine(&path) {
-                Ok(to) => crate::warn!(
-                    "gc: snapshot {hash} is damaged ({reason}); quarantined to {}",
-                    to.display()
-                ),
-                Err(e) => crate::warn!("gc: snapshot {hash} is damaged ({reason}): {e:#}"),
-            }
-        }
-        None => crate::warn!("gc: {}: snapshot {hash} is missing", rec.key()),
+        Snapshot::Ok(bytes) => return Ok(conflist::parse(&bytes)),
+        Snapshot::Damaged(reason) => ledger.quarantine_snapshot(hash, reason, "gc:"),
+        Snapshot::Missing => crate::warn!("gc: {}: snapshot {hash} is missing", rec.key()),
     }
     Ok(None)
 }

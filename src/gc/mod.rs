@@ -13,7 +13,7 @@ mod report;
 pub use policy::{backoff_secs, decide, judge, Decision, BACKOFF_BASE_SECS, BACKOFF_MAX_SECS};
 pub use report::{failure_text, Action, CriSummary, DamagedReport, RecordReport, Report, Summary};
 
-use crate::ledger::{Decoded, Ledger, Quarantine, Record};
+use crate::ledger::{Damaged, Decoded, Ledger, Quarantine, Record};
 use crate::sandbox::{self, Evidence, Reason};
 use anyhow::{Context, Result};
 use serde_json::Value;
@@ -147,7 +147,7 @@ fn scan(
         live: usize,
         candidates: Vec<Candidate>,
         newer: Vec<DamagedReport>,
-        damaged: Vec<(String, PathBuf, &'static str, String)>,
+        damaged: Vec<Damaged>,
     }
     let scans = ledger.scan(
         crate::ledger::scan_jobs(),
@@ -171,9 +171,12 @@ fn scan(
                 reason: format!("newer-format {format}: left for a newer cni-ledger"),
                 quarantined_to: None,
             }),
-            Decoded::Damaged(reason, detail) => {
-                acc.damaged.push((entry.stem, entry.path, reason, detail))
-            }
+            Decoded::Damaged(reason, detail) => acc.damaged.push(Damaged {
+                stem: entry.stem,
+                path: entry.path,
+                reason,
+                detail,
+            }),
         },
     )?;
     let mut candidates = Vec::new();
@@ -194,15 +197,8 @@ fn scan(
             &b.ifname,
         ))
     });
-    for (stem, path, reason, detail) in damaged {
-        report.damaged.push(quarantine_damaged(
-            ledger,
-            &stem,
-            path,
-            reason,
-            &detail,
-            opts.dry_run,
-        ));
+    for d in &damaged {
+        report.damaged.push(damaged_report(ledger, d, opts.dry_run));
     }
     report.summary.damaged = report.damaged.len();
     if !opts.dry_run {
@@ -262,40 +258,21 @@ fn sweep_snapshots(ledger: &Ledger, opts: &Options, released: &HashSet<String>) 
     }
 }
 
-fn quarantine_damaged(
-    ledger: &Ledger,
-    stem: &str,
-    path: PathBuf,
-    reason: &str,
-    detail: &str,
-    dry_run: bool,
-) -> DamagedReport {
+/// A damaged record's entry in the report, after quarantine (a dry run leaves it).
+fn damaged_report(ledger: &Ledger, d: &Damaged, dry_run: bool) -> DamagedReport {
     let mut out = DamagedReport {
-        file: path.display().to_string(),
-        reason: format!("{reason}: {detail}"),
+        file: d.path.display().to_string(),
+        reason: format!("{}: {}", d.reason, d.detail),
         quarantined_to: None,
     };
     if dry_run {
-        crate::warn!(
-            "gc: damaged record {} ({reason}); dry run, left in place",
-            out.file
-        );
+        crate::warn!("gc: damaged record {d}; dry run, left in place");
         return out;
     }
-    match ledger.quarantine_if_still_damaged(stem, &path) {
-        Ok(Quarantine::Moved(to)) => out.quarantined_to = Some(to.display().to_string()),
-        Ok(Quarantine::Replaced) => out.reason.push_str(" (since replaced by a good record)"),
-        Ok(Quarantine::Busy) => crate::warn!(
-            "gc: damaged record {} is locked; quarantine next run",
-            out.file
-        ),
-        Err(e) => crate::error!("gc: cannot quarantine {}: {e:#}", out.file),
-    }
-    if let Some(to) = &out.quarantined_to {
-        crate::warn!(
-            "gc: damaged record {} ({reason}: {detail}) quarantined to {to}",
-            out.file
-        );
+    match ledger.quarantine_damaged(d, "gc:") {
+        Quarantine::Moved(to) => out.quarantined_to = Some(to.display().to_string()),
+        Quarantine::Replaced => out.reason.push_str(" (since replaced by a good record)"),
+        Quarantine::Busy | Quarantine::Failed(_) => {}
     }
     out
 }
