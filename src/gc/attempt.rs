@@ -101,15 +101,7 @@ fn replay(
     opts: &Options,
 ) -> RecordReport {
     let key = rec.key();
-    crate::info!(
-        "gc: {key}: stale ({}, by {}), replaying DEL {}",
-        judged.0.as_str(),
-        judged.1.as_str(),
-        match &netns {
-            Some(p) => format!("in {p}"),
-            None => "without a namespace".into(),
-        }
-    );
+    log_replaying(&key, judged, netns.as_deref());
     let cached = CachedAttachment::load(&opts.cache_dir, &key);
     let (config, source) = match resolve_config(ledger, rec, cached.as_ref(), opts) {
         Ok(found) => found,
@@ -150,6 +142,18 @@ fn replay(
     r.plugins = outcomes;
     r.replay_netns = netns;
     r
+}
+
+fn log_replaying(key: &Key, (reason, evidence): Judged, netns: Option<&str>) {
+    crate::info!(
+        "gc: {key}: stale ({}, by {}), replaying DEL {}",
+        reason.as_str(),
+        evidence.as_str(),
+        match netns {
+            Some(p) => format!("in {p}"),
+            None => "without a namespace".into(),
+        }
+    );
 }
 
 /// Runs every plugin's DEL in `config` but ours, then our own (device return) last, as

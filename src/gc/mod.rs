@@ -13,7 +13,7 @@ mod report;
 pub use policy::{backoff_secs, decide, judge, Decision, BACKOFF_BASE_SECS, BACKOFF_MAX_SECS};
 pub use report::{failure_text, Action, CriSummary, DamagedReport, RecordReport, Report, Summary};
 
-use crate::ledger::{Damaged, Decoded, Ledger, Quarantine, Record};
+use crate::ledger::{Damaged, Decoded, Entry, Ledger, Quarantine, Record};
 use crate::sandbox::{self, Evidence, Reason};
 use anyhow::{Context, Result};
 use serde_json::Value;
@@ -134,6 +134,46 @@ pub fn run(opts: &Options) -> Result<Report> {
     Ok(report)
 }
 
+/// What one scan worker found.
+#[derive(Default)]
+struct Scan {
+    live: usize,
+    candidates: Vec<Candidate>,
+    newer: Vec<DamagedReport>,
+    damaged: Vec<Damaged>,
+}
+
+impl Scan {
+    fn visit(&mut self, entry: Entry, boot: &str, opts: &Options) {
+        match entry.decoded {
+            Decoded::Ok(rec) => {
+                if opts.network.as_ref().is_some_and(|n| *n != rec.network) {
+                    return;
+                }
+                let l = judge(&rec, boot, opts);
+                match l.reason {
+                    None => self.live += 1,
+                    Some(reason) => self.candidates.push(Candidate {
+                        rec,
+                        judged: (reason, l.evidence),
+                    }),
+                }
+            }
+            Decoded::Newer(format) => self.newer.push(DamagedReport {
+                file: entry.path.display().to_string(),
+                reason: format!("newer-format {format}: left for a newer cni-ledger"),
+                quarantined_to: None,
+            }),
+            Decoded::Damaged(reason, detail) => self.damaged.push(Damaged {
+                stem: entry.stem,
+                path: entry.path,
+                reason,
+                detail,
+            }),
+        }
+    }
+}
+
 /// Reads every record once: live ones are counted, stale ones returned (oldest first),
 /// damaged ones quarantined and reported, with newer-format ones, in `report`.
 fn scan(
@@ -142,43 +182,9 @@ fn scan(
     opts: &Options,
     report: &mut Report,
 ) -> Result<Vec<Candidate>> {
-    #[derive(Default)]
-    struct Scan {
-        live: usize,
-        candidates: Vec<Candidate>,
-        newer: Vec<DamagedReport>,
-        damaged: Vec<Damaged>,
-    }
-    let scans = ledger.scan(
-        crate::ledger::scan_jobs(),
-        Scan::default,
-        |acc, entry| match entry.decoded {
-            Decoded::Ok(rec) => {
-                if opts.network.as_ref().is_some_and(|n| *n != rec.network) {
-                    return;
-                }
-                let l = judge(&rec, boot, opts);
-                match l.reason {
-                    None => acc.live += 1,
-                    Some(reason) => acc.candidates.push(Candidate {
-                        rec,
-                        judged: (reason, l.evidence),
-                    }),
-                }
-            }
-            Decoded::Newer(format) => acc.newer.push(DamagedReport {
-                file: entry.path.display().to_string(),
-                reason: format!("newer-format {format}: left for a newer cni-ledger"),
-                quarantined_to: None,
-            }),
-            Decoded::Damaged(reason, detail) => acc.damaged.push(Damaged {
-                stem: entry.stem,
-                path: entry.path,
-                reason,
-                detail,
-            }),
-        },
-    )?;
+    let scans = ledger.scan(crate::ledger::scan_jobs(), Scan::default, |acc, entry| {
+        acc.visit(entry, boot, opts)
+    })?;
     let mut candidates = Vec::new();
     let mut damaged = Vec::new();
     for scan in scans {
