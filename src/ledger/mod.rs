@@ -441,7 +441,7 @@ fn check_name(stem: &str, decoded: Decoded) -> Decoded {
 mod tests {
     use super::*;
 
-    fn tmp_ledger(tag: &str) -> Ledger {
+    pub(super) fn tmp_ledger(tag: &str) -> Ledger {
         let root = std::env::temp_dir().join(format!("cl-ledger-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         Ledger::open_for_write(&root).unwrap()

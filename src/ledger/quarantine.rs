@@ -139,12 +139,11 @@ fn log_record(who: &str, d: &Damaged, q: &Quarantine) {
 mod tests {
     use super::*;
     use crate::ledger::record;
+    use crate::ledger::tests::tmp_ledger;
 
     #[test]
     fn a_scanned_record_is_moved_only_while_damaged_and_unlocked() {
-        let root = std::env::temp_dir().join(format!("cl-quarantine-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        let l = Ledger::open_for_write(&root).unwrap();
+        let l = tmp_ledger("quar");
         let r = record::sample();
         let stem = r.key().stem();
         let d = Damaged {
@@ -175,6 +174,6 @@ mod tests {
         };
         assert_eq!(std::fs::read(&to).unwrap(), b"{");
         assert!(!d.path.exists());
-        std::fs::remove_dir_all(&root).unwrap();
+        std::fs::remove_dir_all(l.root()).unwrap();
     }
 }
