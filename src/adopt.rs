@@ -8,8 +8,8 @@
 //! began is from an earlier boot (`boot-changed`); otherwise the record is live until
 //! the runtime's valid set says otherwise. An existing record is never touched.
 
+use crate::gc::libcni_cache::{self, CacheEntry};
 use crate::ledger::{Decoded, Key, Ledger, Record, Wait};
-use crate::record_cache::{self, CacheEntry};
 use crate::sandbox::{self, Probe};
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -72,7 +72,7 @@ pub fn run(opts: &Options) -> Result<Report> {
         dry_run: opts.dry_run,
         ..Report::default()
     };
-    let files = record_cache::result_files(&opts.cache_dir)
+    let files = libcni_cache::result_files(&opts.cache_dir)
         .with_context(|| format!("listing {}", opts.cache_dir.join("results").display()))?;
     let ledger = if opts.dry_run {
         Ledger::at(&opts.ledger_dir)
@@ -85,7 +85,7 @@ pub fn run(opts: &Options) -> Result<Report> {
     let boot = sandbox::boot_id().context("reading the boot ID")?;
     let booted_at = boot_time()?;
     for path in files {
-        let entry = match record_cache::read_entry(&path) {
+        let entry = match libcni_cache::read_entry(&path) {
             Ok(e) => e,
             Err(reason) => {
                 crate::warn!(

@@ -9,17 +9,11 @@ pub mod conflist;
 pub mod cri;
 pub mod devices;
 pub mod faults;
-// Their `expect`s state invariants (piped stdio, unpoisoned locks); to be taken out
-// when the gc engine gets its own folder (issue 12).
-#[allow(clippy::expect_used)]
 pub mod gc;
 pub mod injection;
 pub mod ledger;
 pub mod logging;
 pub mod plugin;
-pub mod record_cache;
-#[allow(clippy::expect_used)]
-pub mod replay;
 pub mod sandbox;
 pub mod time;
 pub mod workers;

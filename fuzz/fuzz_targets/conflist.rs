@@ -3,7 +3,8 @@
 //! handle any document, and no plugin type that is not a bare name is ever resolved.
 #![no_main]
 
-use cni_ledger::{conflist, replay};
+use cni_ledger::conflist;
+use cni_ledger::gc::replay;
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Map, Value};
 

@@ -2,7 +2,7 @@
 //! `/metrics` and for `gc --metrics-file` (node_exporter's textfile collector reads that
 //! format). Built on the `prometheus` crate's registry and text encoder.
 
-use crate::gc::Report;
+use crate::gc::{Action, Report};
 use crate::ledger::{Decoded, Ledger};
 use anyhow::{Context, Result};
 use prometheus::{Gauge, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
@@ -31,7 +31,7 @@ pub struct Metrics {
 }
 
 /// Outcomes of a replay, as `cni_ledger_replays_total{outcome}` counts them.
-pub const REPLAY_OUTCOMES: [&str; 3] = ["replayed", "retrying", "failed"];
+pub const REPLAY_OUTCOMES: [Action; 3] = [Action::Replayed, Action::Retrying, Action::Failed];
 /// Counter families, whose values a metrics file carries over from the previous run.
 const COUNTERS: [&str; 3] = [
     "cni_ledger_replays_total",
@@ -166,14 +166,16 @@ impl Metrics {
     /// Counts what one gc run did.
     pub fn observe_gc(&self, report: &Report, secs: f64) {
         for outcome in REPLAY_OUTCOMES {
-            self.replays.with_label_values(&[outcome]).inc_by(0);
+            self.replays
+                .with_label_values(&[outcome.as_str()])
+                .inc_by(0);
         }
         let mut stale: BTreeMap<&str, i64> = BTreeMap::new();
         for r in &report.records {
             if REPLAY_OUTCOMES.contains(&r.action) {
-                self.replays.with_label_values(&[r.action]).inc();
+                self.replays.with_label_values(&[r.action.as_str()]).inc();
             }
-            if !matches!(r.action, "replayed" | "gone" | "live") {
+            if !matches!(r.action, Action::Replayed | Action::Gone | Action::Live) {
                 *stale.entry(r.reason).or_default() += 1;
             }
         }

@@ -200,7 +200,7 @@ fn print_human(r: &Report) {
             .iter()
             .map(|rec| {
                 let detail = match rec.action {
-                    "replayed" => format!(
+                    gc::Action::Replayed => format!(
                         "via {} ({})",
                         rec.config_source.unwrap_or("-"),
                         rec.plugins
@@ -209,13 +209,19 @@ fn print_human(r: &Report) {
                             .collect::<Vec<_>>()
                             .join(", ")
                     ),
-                    "retrying" | "failed" | "skip-backoff" | "skip-failed" => format!(
+                    gc::Action::Retrying
+                    | gc::Action::Failed
+                    | gc::Action::SkipBackoff
+                    | gc::Action::SkipFailed => format!(
                         "try {} {}{}",
                         rec.attempts,
                         rec.last_error.as_deref().unwrap_or(""),
                         rec.next_attempt_at
                             .as_deref()
-                            .filter(|_| rec.action != "failed" && rec.action != "skip-failed")
+                            .filter(|_| !matches!(
+                                rec.action,
+                                gc::Action::Failed | gc::Action::SkipFailed
+                            ))
                             .map(|t| format!("; next at {t}"))
                             .unwrap_or_default()
                     ),

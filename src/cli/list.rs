@@ -4,7 +4,7 @@
 //! `--json` streams one object per record as the scan finds it, so memory does not grow
 //! with the ledger; the table is sorted and so holds its (short) cells.
 
-use crate::ledger::{Decoded, Ledger, Quarantine, Record};
+use crate::ledger::{Damaged, Decoded, Ledger, Quarantine, Record};
 use crate::sandbox;
 use anyhow::Result;
 use serde::Serialize;
@@ -109,25 +109,17 @@ fn other_cells(row: &OtherRow) -> Vec<String> {
     ]
 }
 
-fn damaged_row(ledger: &Ledger, stem: &str, path: &Path, reason: &str, detail: &str) -> OtherRow {
-    let quarantined = match ledger.quarantine_if_still_damaged(stem, path) {
-        Ok(Quarantine::Moved(to)) => Some(to),
-        _ => None,
+fn damaged_row(ledger: &Ledger, d: Damaged) -> OtherRow {
+    let quarantined_to = match ledger.quarantine_damaged(&d, "list:") {
+        Quarantine::Moved(to) => Some(to.display().to_string()),
+        Quarantine::Busy | Quarantine::Replaced | Quarantine::Failed(_) => None,
     };
-    crate::warn!(
-        "list: damaged record {} ({reason}: {detail}){}",
-        path.display(),
-        quarantined
-            .as_ref()
-            .map(|q| format!(" quarantined to {}", q.display()))
-            .unwrap_or_default()
-    );
     OtherRow {
-        file: path.display().to_string(),
+        file: d.path.display().to_string(),
         state: "damaged",
-        reason: reason.into(),
-        details: detail.into(),
-        quarantined_to: quarantined.map(|q| q.display().to_string()),
+        reason: d.reason.into(),
+        details: d.detail,
+        quarantined_to,
     }
 }
 
@@ -199,7 +191,7 @@ fn row<'a>(
 struct Scan {
     cells: Vec<Vec<String>>,
     others: Vec<OtherRow>,
-    damaged: Vec<(String, PathBuf, &'static str, String)>,
+    damaged: Vec<Damaged>,
     error: Option<std::io::Error>,
 }
 
@@ -250,7 +242,12 @@ pub fn run(args: Args) -> Result<i32> {
                 details: "written by a newer cni-ledger; left alone".into(),
                 quarantined_to: None,
             }),
-            Decoded::Damaged(reason, detail) => acc.damaged.push((e.stem, e.path, reason, detail)),
+            Decoded::Damaged(reason, detail) => acc.damaged.push(Damaged {
+                stem: e.stem,
+                path: e.path,
+                reason,
+                detail,
+            }),
         },
     )?;
     let mut cells = Vec::new();
@@ -261,8 +258,8 @@ pub fn run(args: Args) -> Result<i32> {
         }
         cells.extend(scan.cells);
         others.extend(scan.others);
-        for (stem, path, reason, detail) in scan.damaged {
-            others.push(damaged_row(&ledger, &stem, &path, reason, &detail));
+        for d in scan.damaged {
+            others.push(damaged_row(&ledger, d));
         }
     }
     let device_notes = crate::devices::note::read_all(&ledger);

@@ -1,6 +1,6 @@
 //! `cni-ledger verify`: read every record and snapshot, report damage, change nothing.
 
-use crate::ledger::{fsio, Decoded, Ledger};
+use crate::ledger::{fsio, Decoded, Ledger, Snapshot};
 use anyhow::Result;
 use std::path::PathBuf;
 
@@ -32,7 +32,7 @@ pub fn run(args: Args) -> Result<i32> {
     })?;
     let hashes = ledger.snapshot_hashes()?;
     for hash in &hashes {
-        if let Some(Err(reason)) = ledger.get_snapshot(hash)? {
+        if let Snapshot::Damaged(reason) = ledger.get_snapshot(hash)? {
             problems.push(format!(
                 "{}: {reason}",
                 ledger.snapshot_path(hash).display()

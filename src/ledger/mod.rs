@@ -13,6 +13,7 @@
 
 pub mod fsio;
 pub mod lock;
+mod quarantine;
 pub mod record;
 
 use anyhow::{bail, Context, Result};
@@ -22,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::PoisonError;
 
 pub use lock::{KeyLock, SnapshotGuard, Wait};
+pub use quarantine::{Damaged, Quarantine};
 pub use record::{Decoded, Key, Record};
 
 /// Threads for a scan: the work is syscalls on cached files, so a few cores suffice.
@@ -44,14 +46,15 @@ pub struct Ledger {
     root: PathBuf,
 }
 
-/// What became of a damaged record handed to `quarantine_if_still_damaged`.
+/// A snapshot as `get_snapshot` read it, shaped like a record's `Decoded`.
 #[derive(Debug)]
-pub enum Quarantine {
-    Moved(PathBuf),
-    /// Its key is locked by a writer or a replay; next time.
-    Busy,
-    /// Replaced (or removed) since the scan: nothing damaged is left.
-    Replaced,
+pub enum Snapshot {
+    /// Intact: its bytes hash to its name.
+    Ok(Vec<u8>),
+    /// Not to be used, to be quarantined; the reason is a short word.
+    Damaged(&'static str),
+    /// No such file.
+    Missing,
 }
 
 /// One file found in `records/`.
@@ -268,64 +271,17 @@ impl Ledger {
         })
     }
 
-    /// Moves a damaged file aside into `quarantine/`, keeping its name, and returns where
-    /// it went. The file is never acted on and never deleted.
-    pub fn quarantine(&self, path: &Path) -> Result<PathBuf> {
-        let qdir = self.quarantine_dir();
-        if mkdir_private(&qdir).with_context(|| format!("creating {}", qdir.display()))? {
-            fsio::fsync_dir(&self.root)?;
-        }
-        let name = path
-            .file_name()
-            .context("quarantine: path has no file name")?
-            .to_string_lossy()
-            .into_owned();
-        let now = crate::time::now();
-        let mut target = qdir.join(format!("{name}.{now}"));
-        let mut n = 1;
-        while target.symlink_metadata().is_ok() {
-            target = qdir.join(format!("{name}.{now}.{n}"));
-            n += 1;
-        }
-        std::fs::rename(path, &target)
-            .with_context(|| format!("quarantining {} to {}", path.display(), target.display()))?;
-        crate::faults::crash_point("quarantine.renamed");
-        fsio::fsync_dir(&qdir)?;
-        if let Some(parent) = path.parent() {
-            fsio::fsync_dir(parent)?;
-        }
-        Ok(target)
-    }
-
-    /// Quarantines a record found damaged by a scan, under the key's lock and only if it
-    /// is still damaged: a concurrent ADD may have just replaced it with a good record.
-    pub fn quarantine_if_still_damaged(&self, stem: &str, path: &Path) -> Result<Quarantine> {
-        let Some(_lock) = self.lock(stem, Wait::No)? else {
-            return Ok(Quarantine::Busy);
-        };
-        match self.read(stem) {
-            Ok(Some(Decoded::Damaged(..))) | Err(_) => {
-                Ok(Quarantine::Moved(self.quarantine(path)?))
-            }
-            _ => Ok(Quarantine::Replaced),
-        }
-    }
-
     /// Stores a conflist snapshot (content-addressed) and returns its sha256. An intact
     /// copy is reused; a damaged one is replaced.
     pub fn put_snapshot(&self, bytes: &[u8]) -> Result<String> {
         let hash = record::sha256_hex(bytes);
         match self.get_snapshot(&hash) {
-            Ok(Some(Ok(_))) => return Ok(hash),
+            Ok(Snapshot::Ok(_)) => return Ok(hash),
             // Rebuildable from its name, but damage is reported, never silently overwritten.
-            Ok(Some(Err(reason))) => match self.quarantine(&self.snapshot_path(&hash)) {
-                Ok(to) => crate::warn!(
-                    "snapshot {hash} was damaged ({reason}); quarantined to {} and rewritten",
-                    to.display()
-                ),
-                Err(e) => crate::warn!("snapshot {hash} is damaged ({reason}): {e:#}"),
-            },
-            _ => {}
+            Ok(Snapshot::Damaged(reason)) => {
+                self.quarantine_snapshot(&hash, reason, "ledger (rewriting it):")
+            }
+            Ok(Snapshot::Missing) | Err(_) => {}
         }
         fsio::write_atomic(
             &self.snapshots_dir(),
@@ -341,17 +297,19 @@ impl Ledger {
         self.snapshots_dir().join(format!("{hash}.json"))
     }
 
-    /// Ok(None): no such snapshot; Ok(Some(Err(reason))): present but damaged.
-    pub fn get_snapshot(&self, hash: &str) -> Result<Option<Result<Vec<u8>, &'static str>>> {
+    /// Reads a snapshot and checks it against its name; Err only when it cannot be read.
+    pub fn get_snapshot(&self, hash: &str) -> Result<Snapshot> {
         if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Ok(Some(Err("bad-name")));
+            return Ok(Snapshot::Damaged("bad-name"));
         }
         let path = self.snapshot_path(hash);
         match fsio::read_nofollow(&path, MAX_SNAPSHOT) {
-            Ok(bytes) if record::sha256_hex(&bytes) == hash => Ok(Some(Ok(bytes))),
-            Ok(_) => Ok(Some(Err("checksum-mismatch"))),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => Ok(Some(Err("symlink"))),
+            Ok(bytes) if record::sha256_hex(&bytes) == hash => Ok(Snapshot::Ok(bytes)),
+            Ok(_) => Ok(Snapshot::Damaged("checksum-mismatch")),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Snapshot::Missing),
+            Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
+                Ok(Snapshot::Damaged("symlink"))
+            }
             Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
         }
     }
@@ -483,7 +441,7 @@ fn check_name(stem: &str, decoded: Decoded) -> Decoded {
 mod tests {
     use super::*;
 
-    fn tmp_ledger(tag: &str) -> Ledger {
+    pub(super) fn tmp_ledger(tag: &str) -> Ledger {
         let root = std::env::temp_dir().join(format!("cl-ledger-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         Ledger::open_for_write(&root).unwrap()
@@ -532,15 +490,15 @@ mod tests {
         let l = tmp_ledger("snap");
         let h = l.put_snapshot(b"{\"name\":\"n\"}").unwrap();
         assert_eq!(l.put_snapshot(b"{\"name\":\"n\"}").unwrap(), h);
-        assert!(matches!(l.get_snapshot(&h).unwrap(), Some(Ok(_))));
+        assert!(matches!(l.get_snapshot(&h).unwrap(), Snapshot::Ok(_)));
         std::fs::write(l.snapshot_path(&h), b"tampered").unwrap();
         assert!(matches!(
             l.get_snapshot(&h).unwrap(),
-            Some(Err("checksum-mismatch"))
+            Snapshot::Damaged("checksum-mismatch")
         ));
         // A damaged copy is quarantined, then replaced by the next writer.
         l.put_snapshot(b"{\"name\":\"n\"}").unwrap();
-        assert!(matches!(l.get_snapshot(&h).unwrap(), Some(Ok(_))));
+        assert!(matches!(l.get_snapshot(&h).unwrap(), Snapshot::Ok(_)));
         let quarantined: Vec<_> = std::fs::read_dir(l.quarantine_dir()).unwrap().collect();
         assert_eq!(quarantined.len(), 1);
         let mut r = record::sample();
@@ -560,10 +518,16 @@ mod tests {
         // A sweep limited to other snapshots leaves the unused one alone.
         let elsewhere = std::collections::HashSet::from([h.clone()]);
         assert_eq!(l.sweep_snapshots(Some(&elsewhere)).unwrap(), 0);
-        assert!(l.get_snapshot(&unused).unwrap().is_some());
+        assert!(!matches!(
+            l.get_snapshot(&unused).unwrap(),
+            Snapshot::Missing
+        ));
         assert_eq!(l.sweep_snapshots(None).unwrap(), 1);
-        assert!(l.get_snapshot(&unused).unwrap().is_none());
-        assert!(l.get_snapshot(&h).unwrap().is_some());
+        assert!(matches!(
+            l.get_snapshot(&unused).unwrap(),
+            Snapshot::Missing
+        ));
+        assert!(!matches!(l.get_snapshot(&h).unwrap(), Snapshot::Missing));
         std::fs::remove_dir_all(l.root()).unwrap();
     }
 }

@@ -5,7 +5,7 @@ use super::{busy, ledger_error};
 use crate::cni::config::NetConf;
 use crate::cni::env::CmdArgs;
 use crate::cni::error::{self, CniError};
-use crate::ledger::{Decoded, Key, Ledger, Wait};
+use crate::ledger::{Damaged, Decoded, Key, Ledger, Wait};
 use std::time::Duration;
 
 fn key(conf: &NetConf, args: &CmdArgs) -> Key {
@@ -82,15 +82,13 @@ pub fn del(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
         Some(Decoded::Damaged(reason, detail)) => {
             // The runtime tore the attachment down, but a damaged file is never dropped
             // unseen: it goes to quarantine for an operator to look at.
-            match ledger.quarantine(&ledger.record_path(&stem)) {
-                Ok(to) => crate::warn!(
-                    "DEL {key}: record was damaged ({reason}: {detail}); quarantined to {}",
-                    to.display()
-                ),
-                Err(e) => crate::error!(
-                    "DEL {key}: record is damaged ({reason}: {detail}) and cannot be quarantined: {e:#}"
-                ),
-            }
+            let damaged = Damaged {
+                path: ledger.record_path(&stem),
+                stem,
+                reason,
+                detail,
+            };
+            ledger.quarantine_held(&lock, &damaged, &format!("DEL {key}:"));
         }
     }
     lock.release_and_remove();

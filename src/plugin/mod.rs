@@ -3,7 +3,7 @@
 
 mod add;
 mod del;
-mod gc;
+mod gc_verb;
 mod status;
 
 use crate::cni::config::{self, NetConf, MAX_STDIN};
@@ -146,7 +146,7 @@ fn dispatch(cmd: Command, conf: &NetConf, args: &CmdArgs) -> Result<Option<Value
         Command::Del => del::del(conf, args).map(|()| None),
         Command::Check => del::check(conf, args).map(|()| None),
         Command::Status => status::status(conf).map(|()| None),
-        Command::Gc => gc::gc(conf).map(|()| None),
+        Command::Gc => gc_verb::gc(conf).map(|()| None),
         Command::Version => unreachable!("handled before config parsing"),
     }
 }

@@ -7,7 +7,7 @@
 
 use crate::cni::config::NetConf;
 use crate::cni::error::{self, CniError};
-use crate::gc::{self, RecordReport, Report};
+use crate::gc::{self, Action, RecordReport, Report};
 use serde_json::Value;
 
 pub fn gc(conf: &NetConf) -> Result<(), CniError> {
@@ -62,23 +62,28 @@ fn not_cleaned(network: &str, report: &Report) -> Option<CniError> {
 
 fn why_left(r: &RecordReport) -> Option<String> {
     let why = match r.action {
-        "retrying" | "failed" => r
+        Action::Retrying | Action::Failed => r
             .plugins
             .iter()
             .filter(|p| !p.ok)
             .map(gc::failure_text)
             .collect::<Vec<_>>()
             .join(", "),
-        "skip-failed" => format!(
+        Action::SkipFailed => format!(
             "given up after {} attempts, left for an operator (last: {})",
             r.attempts,
             r.last_error.as_deref().unwrap_or("unknown")
         ),
-        "busy" => "busy: another cni-ledger gc holds it".to_string(),
-        "skip-backoff" => "waiting out its backoff".to_string(),
-        _ => return None,
+        Action::Busy => "busy: another cni-ledger gc holds it".to_string(),
+        Action::SkipBackoff => "waiting out its backoff".to_string(),
+        Action::Replayed
+        | Action::WouldReplay
+        | Action::SkipGrace
+        | Action::Gone
+        | Action::Changed
+        | Action::Live => return None,
     };
-    let why = if r.action == "failed" {
+    let why = if r.action == Action::Failed {
         format!("{why}; given up after {} attempts", r.attempts)
     } else {
         why
@@ -101,9 +106,9 @@ fn valid_list(stdin: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replay::PluginOutcome;
+    use crate::gc::replay::PluginOutcome;
 
-    fn rec(cid: &str, action: &'static str, plugins: Vec<PluginOutcome>) -> RecordReport {
+    fn rec(cid: &str, action: Action, plugins: Vec<PluginOutcome>) -> RecordReport {
         RecordReport {
             network: "pods".into(),
             container_id: cid.into(),
@@ -136,10 +141,10 @@ mod tests {
         };
         let report = Report {
             records: vec![
-                rec("a", "replayed", vec![ok.clone()]),
-                rec("b", "retrying", vec![failing, ok]),
-                rec("c", "skip-grace", vec![]),
-                rec("d", "busy", vec![]),
+                rec("a", Action::Replayed, vec![ok.clone()]),
+                rec("b", Action::Retrying, vec![failing, ok]),
+                rec("c", Action::SkipGrace, vec![]),
+                rec("d", Action::Busy, vec![]),
             ],
             ..Report::default()
         };
@@ -155,7 +160,7 @@ mod tests {
             "b/eth0: cl-probe: cl-probe refuses DEL (exit 1); d/eth0: busy: another cni-ledger gc holds it"
         );
         let clean = Report {
-            records: vec![rec("a", "replayed", vec![])],
+            records: vec![rec("a", Action::Replayed, vec![])],
             ..Report::default()
         };
         assert!(not_cleaned("pods", &clean).is_none());

@@ -195,9 +195,17 @@ fn invoke_del(bin: &Path, config: &Value, inv: &Invocation) -> Result<(), (Strin
         .map_err(|e| (format!("cannot run {}: {e}", bin.display()), None))?;
     let pid = child.id() as i32;
     let stdin = serde_json::to_vec(config).unwrap_or_default();
-    let mut pipe = child.stdin.take().expect("stdin is piped");
-    let stdout = child.stdout.take().expect("stdout is piped");
-    let stderr = child.stderr.take().expect("stderr is piped");
+    // All three were set to Stdio::piped() above; spawn gives each a pipe.
+    let (Some(mut pipe), Some(stdout), Some(stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        kill_group(pid);
+        let _ = child.wait();
+        return Err((
+            format!("{} started without its stdio pipes", bin.display()),
+            None,
+        ));
+    };
     let (tx, rx) = mpsc::channel();
     // Threads: stdin writer, two readers, and a waiter, so the timeout needs no polling.
     let started = (|| {

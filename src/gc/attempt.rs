@@ -1,0 +1,307 @@
+//! One attempt at one stale record: decide, lock the key without waiting (a busy key
+//! belongs to an ADD, DEL or another gc), re-read and re-judge under the lock, replay
+//! DEL, then remove the record or store the attempt with its backoff.
+
+use super::libcni_cache::CachedAttachment;
+use super::replay::{self, Invocation, PluginOutcome};
+use super::{
+    backoff_secs, decide, failure_text, judge, Action, Decision, Judged, Options, RecordReport,
+};
+use crate::conflist;
+use crate::ledger::{Decoded, Key, KeyLock, Ledger, Record, Snapshot, Wait};
+use anyhow::Result;
+use serde_json::{Map, Value};
+use std::path::PathBuf;
+
+/// What became of `seen`, a record the scan judged stale.
+pub(super) fn attempt(
+    ledger: &Ledger,
+    seen: &Record,
+    judged: Judged,
+    boot: &str,
+    now: i64,
+    opts: &Options,
+) -> RecordReport {
+    let key = seen.key();
+    if let Decision::Skip(action) = decide(seen, judged.0, now, opts) {
+        crate::info!("gc: {key}: stale ({}), {action}", judged.0.as_str());
+        return RecordReport::of(seen, judged, action);
+    }
+    let Some(lock) = try_lock(ledger, &key) else {
+        return RecordReport::of(seen, judged, Action::Busy);
+    };
+    match recheck(ledger, seen, boot, opts) {
+        Recheck::Stale(rec, judged, verified) => {
+            // The namespace goes to the plugins only when its cookie, checked just now
+            // under the lock, proved it the recorded one; otherwise none, so no DEL can
+            // reach another pod.
+            let netns = verified.then(|| rec.netns.clone());
+            replay(ledger, lock, &rec, judged, netns, now, opts)
+        }
+        Recheck::Live(rec) => RecordReport::of(&rec, judged, Action::Live),
+        Recheck::Gone => RecordReport::of(seen, judged, Action::Gone),
+        Recheck::Changed => RecordReport::of(seen, judged, Action::Changed),
+    }
+}
+
+fn try_lock(ledger: &Ledger, key: &Key) -> Option<KeyLock> {
+    match ledger.lock(&key.stem(), Wait::No) {
+        Ok(Some(lock)) => Some(lock),
+        Ok(None) => {
+            crate::info!("gc: {key}: busy (an ADD, DEL or another gc holds it); next run");
+            None
+        }
+        Err(e) => {
+            crate::error!("gc: {key}: {e:#}");
+            None
+        }
+    }
+}
+
+/// A scanned record as it is under its lock.
+enum Recheck {
+    /// Still the same record, still stale: why, and whether the namespace was verified.
+    Stale(Box<Record>, Judged, bool),
+    Live(Box<Record>),
+    Gone,
+    /// Replaced by another ADD's record, or unreadable now.
+    Changed,
+}
+
+/// Judges again under the lock: what we scanned may have been replaced or removed.
+fn recheck(ledger: &Ledger, seen: &Record, boot: &str, opts: &Options) -> Recheck {
+    let key = seen.key();
+    let rec = match ledger.read(&key.stem()) {
+        Ok(Some(Decoded::Ok(rec))) if rec.add_id == seen.add_id => rec,
+        Ok(None) => return Recheck::Gone,
+        _ => {
+            crate::info!("gc: {key}: changed since the scan; left for the next run");
+            return Recheck::Changed;
+        }
+    };
+    let l = judge(&rec, boot, opts);
+    match l.reason {
+        Some(reason) => Recheck::Stale(rec, (reason, l.evidence), l.verified),
+        None => {
+            crate::info!("gc: {key}: live on re-check; not touched");
+            Recheck::Live(rec)
+        }
+    }
+}
+
+/// Replays DEL for `rec` while `lock` holds its key, then removes the record (and
+/// libcni's cache entry) or stores the failed attempt.
+fn replay(
+    ledger: &Ledger,
+    lock: KeyLock,
+    rec: &Record,
+    judged: Judged,
+    netns: Option<String>,
+    now: i64,
+    opts: &Options,
+) -> RecordReport {
+    let key = rec.key();
+    log_replaying(&key, judged, netns.as_deref());
+    let cached = CachedAttachment::load(&opts.cache_dir, &key);
+    let (config, source) = match resolve_config(ledger, rec, cached.as_ref(), opts) {
+        Ok(found) => found,
+        Err(e) => {
+            let outcome = PluginOutcome {
+                plugin_type: String::new(),
+                ok: false,
+                error: Some(format!("{e:#}")),
+                exit_status: None,
+            };
+            return record_failure(ledger, rec, judged, None, vec![outcome], now, opts);
+        }
+    };
+    let outcomes = del_chain(
+        ledger,
+        rec,
+        &config,
+        cached.as_ref(),
+        netns.as_deref(),
+        opts,
+    );
+    if !outcomes.iter().all(|o| o.ok) {
+        let mut r = record_failure(ledger, rec, judged, Some(source), outcomes, now, opts);
+        r.replay_netns = netns;
+        return r;
+    }
+    if let Err(e) = ledger.remove(&key.stem()) {
+        crate::error!("gc: {key}: replayed but cannot remove the record: {e:#}");
+        return record_failure(ledger, rec, judged, Some(source), outcomes, now, opts);
+    }
+    lock.release_and_remove();
+    if let Some(c) = &cached {
+        c.remove();
+    }
+    crate::info!("gc: {key}: replayed, record removed");
+    let mut r = RecordReport::of(rec, judged, Action::Replayed);
+    r.config_source = Some(source);
+    r.plugins = outcomes;
+    r.replay_netns = netns;
+    r
+}
+
+fn log_replaying(key: &Key, (reason, evidence): Judged, netns: Option<&str>) {
+    crate::info!(
+        "gc: {key}: stale ({}, by {}), replaying DEL {}",
+        reason.as_str(),
+        evidence.as_str(),
+        match netns {
+            Some(p) => format!("in {p}"),
+            None => "without a namespace".into(),
+        }
+    );
+}
+
+/// Runs every plugin's DEL in `config` but ours, then our own (device return) last, as
+/// the chain would have.
+fn del_chain(
+    ledger: &Ledger,
+    rec: &Record,
+    config: &Value,
+    cached: Option<&CachedAttachment>,
+    netns: Option<&str>,
+    opts: &Options,
+) -> Vec<PluginOutcome> {
+    let key = rec.key();
+    let caps = capability_args(rec, cached);
+    let cni_path: Vec<PathBuf> = match &opts.cni_path {
+        Some(p) => p.clone(),
+        None => std::env::split_paths(&rec.cni_path).collect(),
+    };
+    let inv = Invocation {
+        network: &rec.network,
+        container_id: &rec.container_id,
+        ifname: &rec.ifname,
+        netns,
+        cni_args: &rec.cni_args,
+        cni_path: &cni_path,
+        capability_args: &caps,
+        prev_result: cached.and_then(|c| c.result.as_ref()),
+        timeout: opts.timeout,
+        root: opts.plugin_root.as_deref(),
+    };
+    let outcomes = replay::replay_del(config, &rec.ledger_type, &inv);
+    // The ledger's own DEL, skipped in the chain, runs last: its device return too.
+    if let (Some(ns), Some(spec)) = (
+        netns,
+        crate::devices::spec_in_chain(config, &rec.ledger_type),
+    ) {
+        crate::devices::at_del(ledger, &key, ns, &spec, "gc:");
+    }
+    for o in &outcomes {
+        match &o.error {
+            None => crate::info!("gc: {key}: {} DEL ok", o.plugin_type),
+            Some(_) => crate::warn!("gc: {key}: DEL failed: {}", failure_text(o)),
+        }
+    }
+    outcomes
+}
+
+/// The recorded capability args, completed by those libcni cached and we did not record.
+fn capability_args(rec: &Record, cached: Option<&CachedAttachment>) -> Map<String, Value> {
+    let mut caps = rec.runtime_config.clone();
+    if let Some(c) = cached {
+        for (k, v) in &c.capability_args {
+            caps.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+    caps
+}
+
+/// Stores a failed attempt in the record: one more try, its error, and when the next is
+/// due; after `max_attempts` the record is marked failed, for an operator.
+fn record_failure(
+    ledger: &Ledger,
+    rec: &Record,
+    judged: Judged,
+    source: Option<&'static str>,
+    outcomes: Vec<PluginOutcome>,
+    now: i64,
+    opts: &Options,
+) -> RecordReport {
+    let key = rec.key();
+    let mut gc = rec.gc.clone().unwrap_or_default();
+    gc.attempts += 1;
+    gc.last_error = Some(
+        outcomes
+            .iter()
+            .filter(|o| !o.ok)
+            .map(failure_text)
+            .collect::<Vec<_>>()
+            .join("; "),
+    );
+    gc.last_attempt_at = Some(crate::time::rfc3339(now));
+    gc.next_attempt_at = Some(crate::time::rfc3339(now + backoff_secs(gc.attempts)));
+    gc.failed = gc.attempts >= opts.max_attempts;
+    let action = if gc.failed {
+        Action::Failed
+    } else {
+        Action::Retrying
+    };
+    let mut updated = rec.clone();
+    updated.gc = Some(gc);
+    if let Err(e) = ledger.write(&updated) {
+        crate::error!("gc: {key}: cannot store the attempt: {e:#}");
+    }
+    if action == Action::Failed {
+        crate::error!(
+            "gc: {key}: giving up after {} attempts; left for an operator",
+            opts.max_attempts
+        );
+    }
+    let mut r = RecordReport::of(&updated, judged, action);
+    r.config_source = source;
+    r.plugins = outcomes;
+    r
+}
+
+/// The chain to replay: the ADD-time snapshot, else libcni's cached config, else
+/// today's conflist of that name.
+fn resolve_config(
+    ledger: &Ledger,
+    rec: &Record,
+    cached: Option<&CachedAttachment>,
+    opts: &Options,
+) -> Result<(Value, &'static str)> {
+    if let Some(list) = snapshot_config(ledger, rec)? {
+        return Ok((list, "snapshot"));
+    }
+    if let Some(list) = cached.and_then(|c| c.config.as_ref()) {
+        return Ok((list.clone(), "cache"));
+    }
+    let dir = opts
+        .conf_dir
+        .clone()
+        .or_else(|| {
+            rec.conf_file
+                .as_ref()
+                .and_then(|f| PathBuf::from(f).parent().map(PathBuf::from))
+        })
+        .unwrap_or_else(|| PathBuf::from(crate::cni::config::DEFAULT_CONF_DIR));
+    if let Some(found) = conflist::find(&dir, &rec.network)? {
+        return Ok((found.list, "conflist"));
+    }
+    anyhow::bail!(
+        "no configuration for network {}: no snapshot, no libcni cache, nothing in {}",
+        rec.network,
+        dir.display()
+    )
+}
+
+/// The record's ADD-time snapshot as a conflist; None when it has none, or it is
+/// missing, damaged (then quarantined) or not a conflist.
+fn snapshot_config(ledger: &Ledger, rec: &Record) -> Result<Option<Value>> {
+    let Some(hash) = &rec.snapshot else {
+        return Ok(None);
+    };
+    match ledger.get_snapshot(hash)? {
+        Snapshot::Ok(bytes) => return Ok(conflist::parse(&bytes)),
+        Snapshot::Damaged(reason) => ledger.quarantine_snapshot(hash, reason, "gc:"),
+        Snapshot::Missing => crate::warn!("gc: {}: snapshot {hash} is missing", rec.key()),
+    }
+    Ok(None)
+}

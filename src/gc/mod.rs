@@ -1,0 +1,284 @@
+//! The gc engine: which records are stale, which to replay now, and what became of them.
+//!
+//! `run` scans the ledger (no locks, one record in memory at a time), then hands each
+//! stale record to `attempt` (one attempt at one record, under its lock) on a few
+//! worker threads, and reports. The policy is in `policy`, the report in `report`.
+
+mod attempt;
+pub mod libcni_cache;
+mod policy;
+pub mod replay;
+mod report;
+
+pub use policy::{backoff_secs, decide, judge, Decision, BACKOFF_BASE_SECS, BACKOFF_MAX_SECS};
+pub use report::{failure_text, Action, CriSummary, DamagedReport, RecordReport, Report, Summary};
+
+use crate::ledger::{Damaged, Decoded, Entry, Ledger, Quarantine, Record};
+use crate::sandbox::{self, Evidence, Reason};
+use anyhow::{Context, Result};
+use serde_json::Value;
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub ledger_dir: PathBuf,
+    pub dry_run: bool,
+    /// Ignore backoff (`--now`).
+    pub ignore_backoff: bool,
+    pub network: Option<String>,
+    pub grace_secs: i64,
+    pub timeout: Duration,
+    /// (containerID, ifname) pairs the runtime says are valid, for the networks concerned.
+    pub valid: Option<HashSet<(String, String)>>,
+    pub cache_dir: PathBuf,
+    pub conf_dir: Option<PathBuf>,
+    pub cni_path: Option<Vec<PathBuf>>,
+    pub max_attempts: u32,
+    pub jobs: usize,
+    pub retry_failed: bool,
+    /// The CRI runtime's sandbox list (`--cri-endpoint`), when it answered.
+    pub cri: Option<crate::cri::Judgement>,
+    /// Set by a shutting-down caller (the agent on SIGTERM): replays in progress finish,
+    /// no new one starts.
+    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// Root directory (chroot) for the replayed plugins; None: ours.
+    pub plugin_root: Option<PathBuf>,
+}
+
+impl Options {
+    pub fn new(ledger_dir: PathBuf) -> Options {
+        Options {
+            ledger_dir,
+            dry_run: false,
+            ignore_backoff: false,
+            network: None,
+            grace_secs: 60,
+            timeout: Duration::from_secs(60),
+            valid: None,
+            cache_dir: PathBuf::from("/var/lib/cni"),
+            conf_dir: None,
+            cni_path: None,
+            max_attempts: 24,
+            jobs: 4,
+            retry_failed: false,
+            cri: None,
+            stop: None,
+            plugin_root: None,
+        }
+    }
+}
+
+/// One entry of a runtime's valid list (`cni.dev/valid-attachments`, `--valid-attachments`).
+#[derive(serde::Deserialize)]
+struct ValidAttachment {
+    #[serde(rename = "containerID")]
+    container_id: String,
+    ifname: String,
+}
+
+/// Parses `[{"containerID","ifname"}, ...]` into the set `Options::valid` holds.
+pub fn valid_set(list: Value) -> serde_json::Result<HashSet<(String, String)>> {
+    let list: Vec<ValidAttachment> = serde_json::from_value(list)?;
+    Ok(list
+        .into_iter()
+        .map(|a| (a.container_id, a.ifname))
+        .collect())
+}
+
+/// A stale record's reason and the identity that decided it.
+type Judged = (Reason, Evidence);
+
+/// A record the scan found stale.
+struct Candidate {
+    rec: Box<Record>,
+    judged: Judged,
+}
+
+pub fn run(opts: &Options) -> Result<Report> {
+    let ledger = Ledger::at(&opts.ledger_dir);
+    let mut report = Report {
+        dry_run: opts.dry_run,
+        ..Report::default()
+    };
+    if !ledger.root().exists() {
+        crate::info!(
+            "gc: no ledger at {}; nothing to do",
+            ledger.root().display()
+        );
+        return Ok(report);
+    }
+    ledger.check_trusted()?;
+    let boot = sandbox::boot_id().context("reading the boot ID")?;
+    let now = crate::time::now();
+    let candidates = scan(&ledger, &boot, opts, &mut report)?;
+    // Snapshots the removed records referred to: the only ones a per-network gc may sweep.
+    let mut released = HashSet::new();
+    for (i, r) in attempt_all(&ledger, &candidates, &boot, now, opts) {
+        report.summary.count(r.action);
+        if r.action == Action::Replayed {
+            released.extend(candidates[i].rec.snapshot.clone());
+        }
+        report.records.push(r);
+    }
+    let s = &report.summary;
+    crate::info!(
+        "gc: done: {} live, {} stale ({} replayed, {} retrying, {} failed, {} would replay, {} skipped), {} damaged",
+        s.live, s.stale, s.replayed, s.retrying, s.failed, s.would_replay, s.skipped, s.damaged
+    );
+    if s.replayed > 0 {
+        sweep_snapshots(&ledger, opts, &released);
+    }
+    Ok(report)
+}
+
+/// What one scan worker found.
+#[derive(Default)]
+struct Scan {
+    live: usize,
+    candidates: Vec<Candidate>,
+    newer: Vec<DamagedReport>,
+    damaged: Vec<Damaged>,
+}
+
+impl Scan {
+    fn visit(&mut self, entry: Entry, boot: &str, opts: &Options) {
+        match entry.decoded {
+            Decoded::Ok(rec) => {
+                if opts.network.as_ref().is_some_and(|n| *n != rec.network) {
+                    return;
+                }
+                let l = judge(&rec, boot, opts);
+                match l.reason {
+                    None => self.live += 1,
+                    Some(reason) => self.candidates.push(Candidate {
+                        rec,
+                        judged: (reason, l.evidence),
+                    }),
+                }
+            }
+            Decoded::Newer(format) => self.newer.push(DamagedReport {
+                file: entry.path.display().to_string(),
+                reason: format!("newer-format {format}: left for a newer cni-ledger"),
+                quarantined_to: None,
+            }),
+            Decoded::Damaged(reason, detail) => self.damaged.push(Damaged {
+                stem: entry.stem,
+                path: entry.path,
+                reason,
+                detail,
+            }),
+        }
+    }
+}
+
+/// Reads every record once: live ones are counted, stale ones returned (oldest first),
+/// damaged ones quarantined and reported, with newer-format ones, in `report`.
+fn scan(
+    ledger: &Ledger,
+    boot: &str,
+    opts: &Options,
+    report: &mut Report,
+) -> Result<Vec<Candidate>> {
+    let scans = ledger.scan(crate::ledger::scan_jobs(), Scan::default, |acc, entry| {
+        acc.visit(entry, boot, opts)
+    })?;
+    let mut candidates = Vec::new();
+    let mut damaged = Vec::new();
+    for scan in scans {
+        report.summary.live += scan.live;
+        candidates.extend(scan.candidates);
+        report.damaged.extend(scan.newer);
+        damaged.extend(scan.damaged);
+    }
+    // Replay in a stable order: oldest attachments first, then by key.
+    candidates.sort_by(|a, b| {
+        let (a, b) = (&a.rec, &b.rec);
+        (&a.created_at, &a.network, &a.container_id, &a.ifname).cmp(&(
+            &b.created_at,
+            &b.network,
+            &b.container_id,
+            &b.ifname,
+        ))
+    });
+    for d in &damaged {
+        report.damaged.push(damaged_report(ledger, d, opts.dry_run));
+    }
+    report.summary.damaged = report.damaged.len();
+    if !opts.dry_run {
+        let n = ledger.remove_orphan_temps();
+        if n > 0 {
+            crate::info!("gc: removed {n} temporary file(s) left by interrupted writes");
+        }
+    }
+    report.summary.stale = candidates.len();
+    Ok(candidates)
+}
+
+/// Attempts every candidate on up to `opts.jobs` threads, until `opts.stop` is set;
+/// returns each report with its candidate's index, in candidate order.
+fn attempt_all(
+    ledger: &Ledger,
+    candidates: &[Candidate],
+    boot: &str,
+    now: i64,
+    opts: &Options,
+) -> Vec<(usize, RecordReport)> {
+    let next = AtomicUsize::new(0);
+    let stopping = || {
+        opts.stop
+            .as_ref()
+            .is_some_and(|s| s.load(Ordering::Relaxed))
+    };
+    let jobs = opts.jobs.clamp(1, 64).min(candidates.len().max(1));
+    let per_worker = crate::workers::run(jobs, || {
+        let mut done = Vec::new();
+        while !stopping() {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(c) = candidates.get(i) else {
+                break;
+            };
+            done.push((
+                i,
+                attempt::attempt(ledger, &c.rec, c.judged, boot, now, opts),
+            ));
+        }
+        done
+    });
+    let mut results: Vec<_> = per_worker.into_iter().flatten().collect();
+    results.sort_by_key(|(i, _)| *i);
+    results
+}
+
+/// Removes unreferenced snapshots after a run that removed records.
+fn sweep_snapshots(ledger: &Ledger, opts: &Options, released: &HashSet<String>) {
+    // Per network (the GC verb, `--network`), other networks' snapshots are not ours
+    // to judge, not even unreferenced ones: only those our removed records used.
+    let only = opts.network.as_ref().map(|_| released);
+    match ledger.sweep_snapshots(only) {
+        Ok(n) if n > 0 => crate::info!("gc: removed {n} unreferenced snapshot(s)"),
+        Ok(_) => {}
+        Err(e) => crate::warn!("gc: snapshot sweep failed: {e:#}"),
+    }
+}
+
+/// A damaged record's entry in the report, after quarantine (a dry run leaves it).
+fn damaged_report(ledger: &Ledger, d: &Damaged, dry_run: bool) -> DamagedReport {
+    let mut out = DamagedReport {
+        file: d.path.display().to_string(),
+        reason: format!("{}: {}", d.reason, d.detail),
+        quarantined_to: None,
+    };
+    if dry_run {
+        crate::warn!("gc: damaged record {d}; dry run, left in place");
+        return out;
+    }
+    match ledger.quarantine_damaged(d, "gc:") {
+        Quarantine::Moved(to) => out.quarantined_to = Some(to.display().to_string()),
+        Quarantine::Replaced => out.reason.push_str(" (since replaced by a good record)"),
+        Quarantine::Busy | Quarantine::Failed(_) => {}
+    }
+    out
+}

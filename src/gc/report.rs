@@ -1,0 +1,212 @@
+//! What a gc run reports: a summary, one entry per stale record and per damaged file,
+//! and the exit status that follows from them.
+
+use super::replay::PluginOutcome;
+use super::Judged;
+use crate::ledger::Record;
+use serde::Serialize;
+
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    pub live: usize,
+    pub stale: usize,
+    pub replayed: usize,
+    pub retrying: usize,
+    pub failed: usize,
+    pub would_replay: usize,
+    pub skipped: usize,
+    pub damaged: usize,
+}
+
+/// What became of one stale record in a run (`action` in the report).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Action {
+    /// DEL replayed through the whole chain; the record is gone.
+    Replayed,
+    /// A plugin's DEL failed; the record stays, with its next attempt after a backoff.
+    Retrying,
+    /// A plugin's DEL failed for the last allowed time: left for an operator.
+    Failed,
+    /// Dry run: would have been replayed.
+    WouldReplay,
+    /// Young, so perhaps an ADD still in progress; not judged yet.
+    SkipGrace,
+    /// Its last attempt's backoff has not run out.
+    SkipBackoff,
+    /// Marked failed by an earlier run (`--retry-failed` tries it again).
+    SkipFailed,
+    /// An ADD, DEL or another gc held its key.
+    Busy,
+    /// Removed since the scan.
+    Gone,
+    /// Replaced or unreadable since the scan.
+    Changed,
+    /// Live after all, on the re-check under its lock.
+    Live,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Replayed => "replayed",
+            Action::Retrying => "retrying",
+            Action::Failed => "failed",
+            Action::WouldReplay => "would-replay",
+            Action::SkipGrace => "skip-grace",
+            Action::SkipBackoff => "skip-backoff",
+            Action::SkipFailed => "skip-failed",
+            Action::Busy => "busy",
+            Action::Gone => "gone",
+            Action::Changed => "changed",
+            Action::Live => "live",
+        }
+    }
+}
+
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Summary {
+    /// Counts one stale record by what became of it: what the exit status hangs on.
+    pub(super) fn count(&mut self, action: Action) {
+        match action {
+            Action::Replayed => self.replayed += 1,
+            Action::Retrying | Action::SkipBackoff | Action::Busy => self.retrying += 1,
+            Action::Failed | Action::SkipFailed => self.failed += 1,
+            Action::WouldReplay => self.would_replay += 1,
+            // Counted stale by the scan, it never was.
+            Action::Live => {
+                self.live += 1;
+                self.stale -= 1;
+            }
+            Action::SkipGrace | Action::Gone | Action::Changed => self.skipped += 1,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RecordReport {
+    pub network: String,
+    pub container_id: String,
+    pub ifname: String,
+    pub reason: &'static str,
+    /// Which identity decided (`sandbox::Evidence`).
+    pub identity: &'static str,
+    pub action: Action,
+    /// The CNI_NETNS a replay was given: the recorded path only when its cookie proved it
+    /// the recorded namespace, else none.
+    pub replay_netns: Option<String>,
+    pub config_source: Option<&'static str>,
+    pub plugins: Vec<PluginOutcome>,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    pub next_attempt_at: Option<String>,
+}
+
+impl RecordReport {
+    /// The entry of a record as it stands (its gc state included), before any replay.
+    pub(super) fn of(rec: &Record, (reason, evidence): Judged, action: Action) -> Self {
+        let gc = rec.gc.clone().unwrap_or_default();
+        RecordReport {
+            network: rec.network.clone(),
+            container_id: rec.container_id.clone(),
+            ifname: rec.ifname.clone(),
+            reason: reason.as_str(),
+            identity: evidence.as_str(),
+            action,
+            replay_netns: None,
+            config_source: None,
+            plugins: Vec::new(),
+            attempts: gc.attempts,
+            last_error: gc.last_error,
+            next_attempt_at: gc.next_attempt_at,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DamagedReport {
+    pub file: String,
+    pub reason: String,
+    pub quarantined_to: Option<String>,
+}
+
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub dry_run: bool,
+    pub summary: Summary,
+    pub records: Vec<RecordReport>,
+    pub damaged: Vec<DamagedReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cri: Option<CriSummary>,
+}
+
+/// Whether the CRI runtime (`--cri-endpoint`) answered, and with how many sandboxes.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CriSummary {
+    pub endpoint: String,
+    pub answered: bool,
+    pub sandboxes: Option<usize>,
+}
+
+impl Report {
+    /// 0 when nothing stale remains to be cleaned (records in their grace period are not
+    /// judged yet), 1 when something is left for later or, in a dry run, would be replayed.
+    pub fn exit_code(&self) -> i32 {
+        let s = &self.summary;
+        if s.retrying + s.failed + s.would_replay > 0 || !self.damaged.is_empty() {
+            1
+        } else {
+            0
+        }
+    }
+}
+
+/// One failed plugin as an operator reads it: `type: message (exit N)`; a plugin that
+/// never ran or was killed has no exit status to show.
+pub fn failure_text(o: &PluginOutcome) -> String {
+    let msg = o.error.as_deref().unwrap_or("failed");
+    let who = if o.plugin_type.is_empty() {
+        String::new()
+    } else {
+        format!("{}: ", o.plugin_type)
+    };
+    match o.exit_status {
+        Some(s) => format!("{who}{msg} (exit {s})"),
+        None => format!("{who}{msg}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actions_serialise_as_they_print() {
+        let all = [
+            Action::Replayed,
+            Action::Retrying,
+            Action::Failed,
+            Action::WouldReplay,
+            Action::SkipGrace,
+            Action::SkipBackoff,
+            Action::SkipFailed,
+            Action::Busy,
+            Action::Gone,
+            Action::Changed,
+            Action::Live,
+        ];
+        for a in all {
+            assert_eq!(serde_json::to_value(a).unwrap(), a.as_str(), "{a:?}");
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! Damaged files and `quarantine/`: a record or snapshot that fails its checks is never
+//! acted on and never deleted; it is moved aside here, the one way the ledger parts
+//! with one, and every mover (gc, list, DEL, a snapshot's writer) goes through this file.
+
+use super::{fsio, mkdir_private, Decoded, KeyLock, Ledger, Wait};
+use anyhow::{Context, Result};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// A record file found damaged (by a scan or a read): not to be acted on, to be
+/// quarantined.
+#[derive(Debug)]
+pub struct Damaged {
+    /// The key's file stem the file stands under (its name, for a foreign file).
+    pub stem: String,
+    pub path: PathBuf,
+    /// A short word (`Decoded::Damaged`'s).
+    pub reason: &'static str,
+    pub detail: String,
+}
+
+impl fmt::Display for Damaged {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} ({}: {})",
+            self.path.display(),
+            self.reason,
+            self.detail
+        )
+    }
+}
+
+/// What became of a damaged record handed to `quarantine_damaged` or `quarantine_held`.
+#[derive(Debug)]
+pub enum Quarantine {
+    Moved(PathBuf),
+    /// Its key is locked by a writer or a replay; next time.
+    Busy,
+    /// Replaced (or removed) since the scan: nothing damaged is left.
+    Replaced,
+    /// It could not be moved (already logged); it stays, still never acted on.
+    Failed(anyhow::Error),
+}
+
+impl Ledger {
+    /// Quarantines a record found damaged by a scan, under the key's lock and only if it
+    /// is still damaged: a concurrent ADD may have just replaced it with a good record.
+    /// Logs what became of it, after `who` (`gc:`, `list:`).
+    pub fn quarantine_damaged(&self, d: &Damaged, who: &str) -> Quarantine {
+        let q = match self.lock(&d.stem, Wait::No) {
+            Ok(Some(_lock)) => match self.read(&d.stem) {
+                Ok(Some(Decoded::Damaged(..))) | Err(_) => moved(self.quarantine(&d.path)),
+                _ => Quarantine::Replaced,
+            },
+            Ok(None) => Quarantine::Busy,
+            Err(e) => Quarantine::Failed(e),
+        };
+        log_record(who, d, &q);
+        q
+    }
+
+    /// Quarantines a record its caller, holding the key's lock, has just read damaged
+    /// (DEL); logs it after `who`.
+    pub fn quarantine_held(&self, _held: &KeyLock, d: &Damaged, who: &str) -> Quarantine {
+        let q = moved(self.quarantine(&d.path));
+        log_record(who, d, &q);
+        q
+    }
+
+    /// Quarantines a snapshot `get_snapshot` found damaged, and logs it after `who`. A
+    /// snapshot has no lock: its name is its content's hash, so no writer can make a
+    /// damaged one good, only write it anew (`put_snapshot`) once this one is gone.
+    pub fn quarantine_snapshot(&self, hash: &str, reason: &str, who: &str) {
+        match self.quarantine(&self.snapshot_path(hash)) {
+            Ok(to) => crate::warn!(
+                "{who} snapshot {hash} is damaged ({reason}); quarantined to {}",
+                to.display()
+            ),
+            Err(e) => crate::warn!(
+                "{who} snapshot {hash} is damaged ({reason}) and cannot be quarantined: {e:#}"
+            ),
+        }
+    }
+
+    /// Moves a damaged file aside into `quarantine/`, keeping its name, and returns where
+    /// it went. The file is never acted on and never deleted.
+    pub(super) fn quarantine(&self, path: &Path) -> Result<PathBuf> {
+        let qdir = self.quarantine_dir();
+        if mkdir_private(&qdir).with_context(|| format!("creating {}", qdir.display()))? {
+            fsio::fsync_dir(&self.root)?;
+        }
+        let name = path
+            .file_name()
+            .context("quarantine: path has no file name")?
+            .to_string_lossy()
+            .into_owned();
+        let now = crate::time::now();
+        let mut target = qdir.join(format!("{name}.{now}"));
+        let mut n = 1;
+        while target.symlink_metadata().is_ok() {
+            target = qdir.join(format!("{name}.{now}.{n}"));
+            n += 1;
+        }
+        std::fs::rename(path, &target)
+            .with_context(|| format!("quarantining {} to {}", path.display(), target.display()))?;
+        crate::faults::crash_point("quarantine.renamed");
+        fsio::fsync_dir(&qdir)?;
+        if let Some(parent) = path.parent() {
+            fsio::fsync_dir(parent)?;
+        }
+        Ok(target)
+    }
+}
+
+fn moved(result: Result<PathBuf>) -> Quarantine {
+    match result {
+        Ok(to) => Quarantine::Moved(to),
+        Err(e) => Quarantine::Failed(e),
+    }
+}
+
+fn log_record(who: &str, d: &Damaged, q: &Quarantine) {
+    match q {
+        Quarantine::Moved(to) => {
+            crate::warn!("{who} damaged record {d} quarantined to {}", to.display())
+        }
+        Quarantine::Busy => crate::warn!("{who} damaged record {d} is locked; quarantine next run"),
+        Quarantine::Replaced => {
+            crate::info!("{who} damaged record {d} since replaced by a good record")
+        }
+        Quarantine::Failed(e) => {
+            crate::error!("{who} damaged record {d} cannot be quarantined: {e:#}")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::record;
+    use crate::ledger::tests::tmp_ledger;
+
+    #[test]
+    fn a_scanned_record_is_moved_only_while_damaged_and_unlocked() {
+        let l = tmp_ledger("quar");
+        let r = record::sample();
+        let stem = r.key().stem();
+        let d = Damaged {
+            stem: stem.clone(),
+            path: l.record_path(&stem),
+            reason: "undecodable",
+            detail: "test".into(),
+        };
+        std::fs::write(&d.path, b"{").unwrap();
+        {
+            let _held = l.lock(&stem, Wait::No).unwrap().unwrap();
+            assert!(matches!(
+                l.quarantine_damaged(&d, "test:"),
+                Quarantine::Busy
+            ));
+        }
+        assert!(d.path.exists());
+        // An ADD's good record since the scan is left alone.
+        l.write(&r).unwrap();
+        assert!(matches!(
+            l.quarantine_damaged(&d, "test:"),
+            Quarantine::Replaced
+        ));
+        assert!(d.path.exists());
+        std::fs::write(&d.path, b"{").unwrap();
+        let Quarantine::Moved(to) = l.quarantine_damaged(&d, "test:") else {
+            panic!("a damaged record was not moved");
+        };
+        assert_eq!(std::fs::read(&to).unwrap(), b"{");
+        assert!(!d.path.exists());
+        std::fs::remove_dir_all(l.root()).unwrap();
+    }
+}
