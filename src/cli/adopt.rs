@@ -9,7 +9,7 @@ pub struct Args {
     #[arg(long, default_value_os_t = super::ledger_dir_default())]
     ledger_dir: PathBuf,
     /// libcni's cache directory (its results/ are read).
-    #[arg(long, default_value = "/var/lib/cni", value_name = "DIR")]
+    #[arg(long, default_value = crate::cni::config::DEFAULT_CNI_CACHE_DIR, value_name = "DIR")]
     cni_cache_dir: PathBuf,
     /// CNI_PATH for replays of adopted records (libcni's cache does not keep it).
     #[arg(long, default_value = "/opt/cni/bin", value_name = "DIRS")]

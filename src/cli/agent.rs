@@ -24,9 +24,6 @@ pub struct Args {
     conflist: Choice,
     #[arg(long, default_value_os_t = super::ledger_dir_default())]
     ledger_dir: PathBuf,
-    /// libcni's cache dir (prevResult for replays; attachments made without the ledger).
-    #[arg(long, default_value = "/var/lib/cni", value_name = "DIR")]
-    cni_cache_dir: PathBuf,
     /// Address for /metrics, /healthz and /readyz.
     #[arg(long, default_value = "127.0.0.1:9657")]
     listen: SocketAddr,
@@ -42,25 +39,8 @@ pub struct Args {
     /// The ledger's plugin type (its binary name in the CNI bin dir).
     #[arg(long = "type", default_value = "cni-ledger")]
     plugin_type: String,
-    /// gc: leave records younger than this alone (unless the node rebooted since).
-    #[arg(long, default_value_t = 60, value_name = "SECS")]
-    grace: u64,
-    /// gc: kill a plugin that has not answered DEL after this long.
-    #[arg(long, default_value_t = 60, value_name = "SECS")]
-    timeout: u64,
-    /// gc: plugin directories to use instead of each record's CNI_PATH.
-    #[arg(long, value_name = "DIRS")]
-    cni_path: Option<String>,
-    /// gc: attempts before a record is marked failed and left for an operator.
-    #[arg(long, default_value_t = 24)]
-    max_attempts: u32,
-    /// gc: records replayed in parallel.
-    #[arg(long, default_value_t = 4)]
-    jobs: usize,
-    /// Run the replayed plugins with this root directory (chroot): `/proc/1/root` in a
-    /// container (with the host's PID namespace), so they see the node's own files.
-    #[arg(long, value_name = "DIR")]
-    plugin_root: Option<PathBuf>,
+    #[command(flatten)]
+    replay: super::replay_flags::ReplayFlags,
     /// Append log lines here instead of stderr.
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
@@ -100,14 +80,8 @@ fn cri_endpoints(given: &[String]) -> Result<CriEndpoints> {
 pub fn run(args: Args) -> Result<i32> {
     crate::logging::init(args.log_file.as_deref());
     let mut gc = crate::gc::Options::new(args.ledger_dir);
-    gc.grace_secs = args.grace as i64;
-    gc.timeout = Duration::from_secs(args.timeout.max(1));
-    gc.cache_dir = args.cni_cache_dir;
     gc.conf_dir = Some(args.conf_dir.clone());
-    gc.cni_path = args.cni_path.map(|p| std::env::split_paths(&p).collect());
-    gc.max_attempts = args.max_attempts.max(1);
-    gc.jobs = args.jobs.max(1);
-    gc.plugin_root = args.plugin_root;
+    args.replay.apply(&mut gc);
     agent::run(agent::Options {
         bin_dirs: args.bin_dirs,
         conf_dir: args.conf_dir,

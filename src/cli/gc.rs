@@ -25,35 +25,15 @@ pub struct Args {
     /// Only records of this network.
     #[arg(long)]
     network: Option<String>,
-    /// Leave records younger than this alone (unless the node rebooted since).
-    #[arg(long, default_value_t = 60, value_name = "SECS")]
-    grace: u64,
-    /// Kill a plugin that has not answered DEL after this long.
-    #[arg(long, default_value_t = 60, value_name = "SECS")]
-    timeout: u64,
+    #[command(flatten)]
+    replay: super::replay_flags::ReplayFlags,
     /// JSON array of {"containerID","ifname"} still valid; unlisted records of the
     /// network(s) concerned are stale.
     #[arg(long, value_name = "FILE")]
     valid_attachments: Option<PathBuf>,
-    /// libcni's cache directory (prevResult and config fallback).
-    #[arg(long, default_value = "/var/lib/cni", value_name = "DIR")]
-    cni_cache_dir: PathBuf,
     /// Where to look for today's conflist when neither snapshot nor cache has one.
     #[arg(long, value_name = "DIR")]
     conf_dir: Option<PathBuf>,
-    /// Plugin directories to use instead of each record's CNI_PATH.
-    #[arg(long, value_name = "DIRS")]
-    cni_path: Option<String>,
-    /// Attempts before a record is marked failed and left for an operator.
-    #[arg(long, default_value_t = 24)]
-    max_attempts: u32,
-    /// Records replayed in parallel (never two replays of one record).
-    #[arg(long, default_value_t = 4)]
-    jobs: usize,
-    /// Run the replayed plugins with this root directory (chroot): `/proc/1/root` in a
-    /// container (with the host's PID namespace), so they see the node's own files.
-    #[arg(long, value_name = "DIR")]
-    plugin_root: Option<PathBuf>,
     /// Append log lines here instead of stderr.
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
@@ -93,18 +73,13 @@ pub fn run(args: Args) -> Result<i32> {
     opts.ignore_backoff = args.now;
     opts.retry_failed = args.retry_failed;
     opts.network = args.network;
-    opts.grace_secs = args.grace as i64;
-    opts.timeout = Duration::from_secs(args.timeout.max(1));
     opts.valid = args
         .valid_attachments
         .as_ref()
         .map(read_valid)
         .transpose()?;
-    opts.cache_dir = args.cni_cache_dir;
     opts.conf_dir = args.conf_dir;
-    opts.cni_path = args.cni_path.map(|p| std::env::split_paths(&p).collect());
-    opts.max_attempts = args.max_attempts.max(1);
-    opts.jobs = args.jobs.max(1);
+    args.replay.apply(&mut opts);
     // The runtime's list is fetched before the scan, so a record is never judged by a
     // list older than itself (and records made since are not judged by it at all).
     let mut cri = None;
@@ -125,7 +100,6 @@ pub fn run(args: Args) -> Result<i32> {
             sandboxes: opts.cri.as_ref().map(|j| j.sandboxes.len()),
         });
     }
-    opts.plugin_root = args.plugin_root;
     let started = std::time::Instant::now();
     let result = gc::run(&opts);
     if let Some(path) = &args.metrics_file {

@@ -5,6 +5,7 @@ mod agent;
 mod gc;
 mod inject;
 mod list;
+mod replay_flags;
 mod verify;
 
 use clap::{Parser, Subcommand};

@@ -8,6 +8,8 @@ use std::path::PathBuf;
 
 pub const DEFAULT_LEDGER_DIR: &str = "/var/lib/cni-ledger";
 pub const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";
+/// libcni's default cache dir (its results/ hold prevResult and the config as loaded).
+pub const DEFAULT_CNI_CACHE_DIR: &str = "/var/lib/cni";
 /// How long ADD/DEL wait for an attachment a gc replay holds (`lockTimeoutMs`).
 pub const DEFAULT_LOCK_TIMEOUT_MS: u64 = 5000;
 /// Largest stdin accepted; a conflist is a few KiB, anything near this is an attack or a bug.

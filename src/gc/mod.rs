@@ -22,6 +22,15 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+/// Records younger than this are left alone, unless the node rebooted since.
+pub const DEFAULT_GRACE_SECS: u64 = 60;
+/// A plugin that has not answered DEL after this long is killed.
+pub const DEFAULT_TIMEOUT_SECS: u64 = 60;
+/// Failed attempts before a record is marked failed (with the backoff, some 15 hours).
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 24;
+/// Records replayed in parallel.
+pub const DEFAULT_JOBS: usize = 4;
+
 #[derive(Debug, Clone)]
 pub struct Options {
     pub ledger_dir: PathBuf,
@@ -55,14 +64,14 @@ impl Options {
             dry_run: false,
             ignore_backoff: false,
             network: None,
-            grace_secs: 60,
-            timeout: Duration::from_secs(60),
+            grace_secs: DEFAULT_GRACE_SECS as i64,
+            timeout: Duration::from_secs(DEFAULT_TIMEOUT_SECS),
             valid: None,
-            cache_dir: PathBuf::from("/var/lib/cni"),
+            cache_dir: PathBuf::from(crate::cni::config::DEFAULT_CNI_CACHE_DIR),
             conf_dir: None,
             cni_path: None,
-            max_attempts: 24,
-            jobs: 4,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            jobs: DEFAULT_JOBS,
             retry_failed: false,
             cri: None,
             stop: None,
