@@ -34,10 +34,39 @@ pub struct Adopted {
     pub container_id: String,
     pub ifname: String,
     pub cache_file: String,
-    /// `adopted`, `would-adopt` (dry run), `exists` (made meanwhile) or `busy`.
-    pub action: &'static str,
+    pub action: AdoptAction,
     pub state: &'static str,
     pub reason: Option<&'static str>,
+}
+
+/// What became of one cache entry without a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AdoptAction {
+    Adopted,
+    /// Dry run: would have been adopted.
+    WouldAdopt,
+    /// An ADD, DEL or gc held its key; the next run tries again.
+    Busy,
+    /// A record was made meanwhile (counted as already recorded, not listed).
+    Exists,
+}
+
+impl AdoptAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdoptAction::Adopted => "adopted",
+            AdoptAction::WouldAdopt => "would-adopt",
+            AdoptAction::Busy => "busy",
+            AdoptAction::Exists => "exists",
+        }
+    }
+}
+
+impl std::fmt::Display for AdoptAction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -111,11 +140,11 @@ pub fn run(opts: &Options) -> Result<Report> {
         let rec = record_for(&entry, &boot, booted_at, &opts.cni_path);
         let reason = sandbox::liveness(&rec.boot_id, &rec.netns, rec.netns_id, &boot).reason;
         let action = if opts.dry_run {
-            "would-adopt"
+            AdoptAction::WouldAdopt
         } else {
             create(&ledger, &key, &rec, &entry)?
         };
-        if action == "exists" {
+        if action == AdoptAction::Exists {
             report.already_recorded += 1;
             continue;
         }
@@ -182,15 +211,17 @@ pub fn record_for(entry: &CacheEntry, boot: &str, booted_at: i64, cni_path: &str
 
 /// Writes the record under the key's lock, only if there still is none: an ADD or
 /// another adopt may have made one since the first look.
-fn create(ledger: &Ledger, key: &Key, rec: &Record, entry: &CacheEntry) -> Result<&'static str> {
+fn create(ledger: &Ledger, key: &Key, rec: &Record, entry: &CacheEntry) -> Result<AdoptAction> {
     let stem = key.stem();
     let Some(_lock) = ledger.lock(&stem, Wait::Upto(Duration::from_secs(5)))? else {
         crate::warn!("adopt: {key}: busy; try again later");
-        return Ok("busy");
+        return Ok(AdoptAction::Busy);
     };
     match ledger.read(&stem)? {
         None => {}
-        Some(Decoded::Ok(_) | Decoded::Newer(_) | Decoded::Damaged(..)) => return Ok("exists"),
+        Some(Decoded::Ok(_) | Decoded::Newer(_) | Decoded::Damaged(..)) => {
+            return Ok(AdoptAction::Exists)
+        }
     }
     // As in ADD: the snapshot guard is held until the record naming it is durable.
     let guard = ledger.snapshot_guard_shared()?;
@@ -199,7 +230,7 @@ fn create(ledger: &Ledger, key: &Key, rec: &Record, entry: &CacheEntry) -> Resul
     rec.snapshot = Some(hash);
     ledger.write(&rec)?;
     drop(guard);
-    Ok("adopted")
+    Ok(AdoptAction::Adopted)
 }
 
 #[cfg(test)]

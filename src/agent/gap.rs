@@ -66,7 +66,11 @@ pub fn after_injection(
     };
     match crate::adopt::run(&opts) {
         Ok(r) => {
-            let made = r.adopted.iter().filter(|a| a.action == "adopted").count();
+            let made = r
+                .adopted
+                .iter()
+                .filter(|a| a.action == crate::adopt::AdoptAction::Adopted)
+                .count();
             if made > 0 {
                 crate::info!("agent: adopted {made} attachment(s) from libcni's cache");
             }

@@ -1,6 +1,6 @@
 //! `cni-ledger adopt`: records for attachments in libcni's cache that the ledger lacks.
 
-use crate::adopt::{self, Report};
+use crate::adopt::{self, AdoptAction, Report};
 use anyhow::Result;
 use std::path::PathBuf;
 
@@ -47,7 +47,10 @@ fn print_human(r: &Report) {
     let n = r
         .adopted
         .iter()
-        .filter(|a| matches!(a.action, "adopted" | "would-adopt"))
+        .filter(|a| match a.action {
+            AdoptAction::Adopted | AdoptAction::WouldAdopt => true,
+            AdoptAction::Busy | AdoptAction::Exists => false,
+        })
         .count();
     println!(
         "{}{verb} {n}, already recorded {}, unusable {}",
