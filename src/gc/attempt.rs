@@ -130,7 +130,9 @@ fn replay(
     }
     if let Err(e) = ledger.remove(&key.stem()) {
         crate::error!("gc: {key}: replayed but cannot remove the record: {e:#}");
-        return record_failure(ledger, rec, judged, Some(source), outcomes, now, opts);
+        let mut r = record_failure(ledger, rec, judged, Some(source), outcomes, now, opts);
+        r.replay_netns = netns;
+        return r;
     }
     lock.release_and_remove();
     if let Some(c) = &cached {
