@@ -176,7 +176,7 @@ impl Metrics {
                 self.replays.with_label_values(&[r.action.as_str()]).inc();
             }
             if !matches!(r.action, Action::Replayed | Action::Gone | Action::Live) {
-                *stale.entry(r.reason).or_default() += 1;
+                *stale.entry(r.reason.as_str()).or_default() += 1;
             }
         }
         self.stale.reset();

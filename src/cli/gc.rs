@@ -205,7 +205,7 @@ fn print_human(r: &Report) {
                     rec.network.clone(),
                     rec.container_id.clone(),
                     rec.ifname.clone(),
-                    rec.reason.to_string(),
+                    rec.reason.as_str().to_string(),
                     rec.action.to_string(),
                     detail,
                 ]

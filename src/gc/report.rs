@@ -4,6 +4,7 @@
 use super::replay::PluginOutcome;
 use super::Judged;
 use crate::ledger::Record;
+use crate::sandbox::{Evidence, Reason};
 use serde::Serialize;
 
 #[derive(Debug, Default, Serialize)]
@@ -95,9 +96,9 @@ pub struct RecordReport {
     pub network: String,
     pub container_id: String,
     pub ifname: String,
-    pub reason: &'static str,
-    /// Which identity decided (`sandbox::Evidence`).
-    pub identity: &'static str,
+    pub reason: Reason,
+    /// Which identity decided.
+    pub identity: Evidence,
     pub action: Action,
     /// The CNI_NETNS a replay was given: the recorded path only when its cookie proved it
     /// the recorded namespace, else none.
@@ -117,8 +118,8 @@ impl RecordReport {
             network: rec.network.clone(),
             container_id: rec.container_id.clone(),
             ifname: rec.ifname.clone(),
-            reason: reason.as_str(),
-            identity: evidence.as_str(),
+            reason,
+            identity: evidence,
             action,
             replay_netns: None,
             config_source: None,

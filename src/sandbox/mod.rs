@@ -98,8 +98,9 @@ pub fn probe(path: &str) -> Probe {
     })
 }
 
-/// Why a record is stale.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why a record is stale (serialised as `as_str` says).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Reason {
     BootChanged,
     NetnsMissing,
@@ -287,6 +288,27 @@ pub fn replay_netns(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reasons_and_evidence_serialise_as_their_names() {
+        use Reason::*;
+        for r in [
+            BootChanged,
+            NetnsMissing,
+            NetnsReplaced,
+            NetnsNotNamespace,
+            NotValid,
+            NotInRuntime,
+        ] {
+            assert_eq!(serde_json::to_value(r).unwrap(), r.as_str());
+        }
+        use Evidence::*;
+        for e in [
+            BootId, Path, Filesystem, DevIno, PidStart, Cookie, Unreadable, ValidList, Runtime,
+        ] {
+            assert_eq!(serde_json::to_value(e).unwrap(), e.as_str());
+        }
+    }
 
     fn own() -> NsId {
         let Probe::Namespace(id) = probe("/proc/self/ns/net") else {
