@@ -296,6 +296,15 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         }
     }
 
+    /// Removes the sandbox's state behind the runtime's back (as `crio wipe` does) and
+    /// stops containerd: started again, it has forgotten the sandbox, whose namespace stays.
+    fn forget_and_stop(&mut self, id: &str) {
+        let _ = self.ctr(&["tasks", "rm", "-f", id]);
+        let out = self.ctr(&["containers", "rm", id]);
+        assert!(out.status.success(), "{}", describe(&out));
+        self.stop();
+    }
+
     fn ctr(&self, args: &[&str]) -> std::process::Output {
         Command::new("ctr")
             .arg("--address")
@@ -459,6 +468,14 @@ fn forget_system_cache_entries(id: &str) {
     }
 }
 
+/// The forgotten sandbox's address and DNAT are gone; the live one keeps its own.
+fn assert_only_wiped_released(f: &Fixture, wiped: &str, live: &str) {
+    assert_eq!(f.ipam_addresses().len(), 1, "wiped's address not released");
+    assert_eq!(nat_lines_for(f, wiped), 0, "{}", f.host.iptables_save());
+    assert!(nat_lines_for(f, live) > 0, "the live sandbox lost its DNAT");
+    assert!(f.record_path(live, "eth0").exists());
+}
+
 fn record_netns(f: &Fixture, id: &str) -> String {
     let v: Value = serde_json::from_slice(&fs::read(f.record_path(id, "eth0")).unwrap()).unwrap();
     v["record"]["netns"].as_str().unwrap().to_string()
@@ -525,10 +542,7 @@ fn containerd_sandbox_list_judges_exactly_the_forgotten_sandbox() {
 
     // Its state is removed behind the runtime's back (as `crio wipe` does); after a
     // restart containerd has forgotten it, but its namespace stays.
-    let _ = ctrd.ctr(&["tasks", "rm", "-f", &wiped]);
-    let out = ctrd.ctr(&["containers", "rm", &wiped]);
-    assert!(out.status.success(), "{}", describe(&out));
-    ctrd.stop();
+    ctrd.forget_and_stop(&wiped);
     let mut ctrd = Containerd::start(&f, &dir);
     assert!(Path::new(&wiped_ns).exists());
     let rows = list_cri(&f, &endpoint);
@@ -554,13 +568,7 @@ fn containerd_sandbox_list_judges_exactly_the_forgotten_sandbox() {
         !Path::new(&format!("/var/lib/cni/results/{}-{wiped}-eth0", f.network)).exists(),
         "the replay left containerd's libcni cache entry"
     );
-    assert_eq!(f.ipam_addresses().len(), 1, "wiped's address not released");
-    assert_eq!(nat_lines_for(&f, &wiped), 0, "{}", f.host.iptables_save());
-    assert!(
-        nat_lines_for(&f, &live) > 0,
-        "the live sandbox lost its DNAT"
-    );
-    assert!(f.record_path(&live, "eth0").exists());
+    assert_only_wiped_released(&f, &wiped, &live);
 
     // containerd stopped during gc: no CRI judgement at all, nothing replayed.
     ctrd.stop();
@@ -695,10 +703,7 @@ fn agent_asks_containerd_at_its_default_socket() {
 
     // containerd forgets one sandbox behind its back (its namespace stays): the agent
     // releases it, and only it.
-    let _ = ctrd.ctr(&["tasks", "rm", "-f", &wiped]);
-    let out = ctrd.ctr(&["containers", "rm", &wiped]);
-    assert!(out.status.success(), "{}", describe(&out));
-    ctrd.stop();
+    ctrd.forget_and_stop(&wiped);
     let mut ctrd = Containerd::start_in(&f, &dir, Some(&private));
     let deadline = Instant::now() + Duration::from_secs(30);
     while f.record_path(&wiped, "eth0").exists() {
@@ -709,13 +714,7 @@ fn agent_asks_containerd_at_its_default_socket() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert_eq!(f.ipam_addresses().len(), 1, "wiped's address not released");
-    assert_eq!(nat_lines_for(&f, &wiped), 0, "{}", f.host.iptables_save());
-    assert!(
-        nat_lines_for(&f, &live) > 0,
-        "the live sandbox lost its DNAT"
-    );
-    assert!(f.record_path(&live, "eth0").exists());
+    assert_only_wiped_released(&f, &wiped, &live);
     assert!(
         foreign_record.exists(),
         "a network containerd does not serve was judged by its list"
