@@ -194,12 +194,22 @@ fn image_builds_with_podman_and_the_agent_in_it_injects_into_the_host_conf_dir()
         run.arg("-v").arg(volume_flag(&host, m));
     }
     let port = free_port();
+    // On a node PID 1 is its init and /proc/1/root the node's root. Where PID 1 is a
+    // sandbox's own init whose root even root may not enter, the test process stands in
+    // for it: same host PID namespace, same magic link, the machine's root.
+    let node_root = if fs::read_dir("/proc/1/root/").is_ok() {
+        "/proc/1/root".to_string()
+    } else {
+        format!("/proc/{}/root", std::process::id())
+    };
     run.arg(&tag);
     for a in c["args"].as_array().unwrap() {
         let a = a.as_str().unwrap();
         // The one value kubelet would fill in, and a free port for this test.
         run.arg(if a.starts_with("--listen=") {
             format!("--listen=127.0.0.1:{port}")
+        } else if a == "--plugin-root=/proc/1/root" {
+            format!("--plugin-root={node_root}")
         } else {
             a.to_string()
         });
@@ -210,6 +220,9 @@ fn image_builds_with_podman_and_the_agent_in_it_injects_into_the_host_conf_dir()
         {"type": "bridge", "bridge": "climg0", "ipam": {"type": "host-local", "subnet": "198.18.250.0/24"}},
         {"type": "portmap", "capabilities": {"portMappings": true}}]});
     fs::write(&conf, serde_json::to_vec_pretty(&plain).unwrap()).unwrap();
+    // The node's runtime at its default socket, serving the node's conf dir: the agent
+    // in the container must find it through the manifest's --plugin-root alone.
+    let runtime = NodeContainerd::start(&node, &host_dir("/opt/cni/bin"), &conf);
     struct Cleanup(String, String);
     impl Drop for Cleanup {
         fn drop(&mut self) {
@@ -247,6 +260,34 @@ fn image_builds_with_podman_and_the_agent_in_it_injects_into_the_host_conf_dir()
         .unwrap_or_else(|| panic!("/readyz never 200:\n{}", logs()));
     assert!(host_dir("/var/lib/cni-ledger").join("records").is_dir());
 
+    // Its first gc run asked containerd, through the node's root, about the network
+    // containerd says it serves.
+    let metrics_url = format!("http://127.0.0.1:{port}/metrics");
+    let up = format!(
+        r#"cni_ledger_cri_up{{endpoint="unix://{node_root}/run/containerd/containerd.sock"}}"#
+    );
+    let metrics = || {
+        let o = Command::new("curl")
+            .args(["-s", "--max-time", "2", &metrics_url])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    wait_for(Duration::from_secs(20), || {
+        sample(&metrics(), &up) == Some(1.0)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "containerd not asked:\n{}\n{}\n{}",
+            metrics(),
+            logs(),
+            runtime.log()
+        )
+    });
+    if runtime.ours {
+        assert!(logs().contains("judging networks pods"), "{}", logs());
+    }
+
     // podman stop sends SIGTERM: exit 0, and the conflist stays injected.
     ok(
         Command::new("podman")
@@ -269,4 +310,85 @@ fn image_builds_with_podman_and_the_agent_in_it_injects_into_the_host_conf_dir()
         logs()
     );
     assert!(ledger_first(&conf));
+}
+
+/// containerd at the node's default socket, /run/containerd/containerd.sock, with its
+/// own root and state under the scratch node: the DaemonSet's agent reaches it under
+/// its --plugin-root, /proc/1/root/run/containerd/containerd.sock on a node. A runtime
+/// already listening there (a developer's machine) is used as it is: the agent only
+/// reads from it.
+struct NodeContainerd {
+    child: Option<std::process::Child>,
+    dir: PathBuf,
+    made_dir: bool,
+    ours: bool,
+}
+
+impl NodeContainerd {
+    const SOCKET: &'static str = "/run/containerd/containerd.sock";
+
+    fn start(node: &TempDir, bin_dir: &Path, conf: &Path) -> NodeContainerd {
+        let dir = node.path().join("containerd");
+        fs::create_dir_all(&dir).unwrap();
+        if Path::new(Self::SOCKET).exists() {
+            return NodeContainerd {
+                child: None,
+                dir,
+                made_dir: false,
+                ours: false,
+            };
+        }
+        let made_dir = !Path::new("/run/containerd").exists();
+        fs::create_dir_all("/run/containerd").unwrap();
+        let config = containerd_config(
+            &dir,
+            Self::SOCKET,
+            bin_dir,
+            conf.parent().unwrap(),
+            "registry.invalid/cni-ledger-test/pause:1",
+        );
+        fs::write(dir.join("config.toml"), config).unwrap();
+        let log = fs::File::create(dir.join("containerd.log")).unwrap();
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(dir.join("config.toml"))
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start containerd");
+        let c = NodeContainerd {
+            child: Some(child),
+            dir,
+            made_dir,
+            ours: true,
+        };
+        wait_for(Duration::from_secs(30), || Path::new(Self::SOCKET).exists())
+            .unwrap_or_else(|| panic!("containerd did not come up:\n{}", c.log()));
+        c
+    }
+
+    fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for NodeContainerd {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").arg(child.id().to_string()).status();
+            if wait_for(Duration::from_secs(20), || {
+                child.try_wait().ok().flatten().is_some()
+            })
+            .is_none()
+            {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        // Made for this containerd, which also made its shim and runc dirs in it.
+        if self.made_dir {
+            let _ = fs::remove_dir_all("/run/containerd");
+        }
+    }
 }

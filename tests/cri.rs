@@ -208,33 +208,7 @@ impl Containerd {
         fs::create_dir_all(&dir).unwrap();
         let d = dir.display();
         let address = address.map_or_else(|| format!("{d}/containerd.sock"), String::from);
-        let config = format!(
-            r#"version = 2
-root = "{d}/root"
-state = "{d}/state"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.internal.v1.opt", "io.containerd.tracing.processor.v1.otlp"]
-[grpc]
-  address = "{address}"
-[ttrpc]
-  address = "{d}/containerd.sock.ttrpc"
-[debug]
-  address = "{d}/debug.sock"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{SANDBOX_IMAGE}"
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  # Never below containerd's own OOM score: lowering it needs CAP_SYS_RESOURCE, which
-  # a CI machine (itself a container) may not have.
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{bin}"
-    conf_dir = "{conf}"
-"#,
-            bin = f.bin_dir.display(),
-            conf = f.conf_dir.display(),
-        );
+        let config = containerd_config(&dir, &address, &f.bin_dir, &f.conf_dir, SANDBOX_IMAGE);
         fs::write(dir.join("config.toml"), config).unwrap();
         dir
     }

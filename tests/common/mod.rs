@@ -969,3 +969,42 @@ pub fn first_ip(result: &Value) -> String {
         .unwrap_or_else(|| panic!("no ips[0].address in {result:#}"));
     cidr.split('/').next().unwrap_or(cidr).to_string()
 }
+
+/// A config.toml for a containerd of the test's own: root, state and sockets under
+/// `dir`, gRPC at `address`, the CRI plugin's CNI dirs as given.
+pub fn containerd_config(
+    dir: &Path,
+    address: &str,
+    bin_dir: &Path,
+    conf_dir: &Path,
+    sandbox_image: &str,
+) -> String {
+    let d = dir.display();
+    format!(
+        r#"version = 2
+root = "{d}/root"
+state = "{d}/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.internal.v1.opt", "io.containerd.tracing.processor.v1.otlp"]
+[grpc]
+  address = "{address}"
+[ttrpc]
+  address = "{d}/containerd.sock.ttrpc"
+[debug]
+  address = "{d}/debug.sock"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{sandbox_image}"
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  # Never below containerd's own OOM score: lowering it needs CAP_SYS_RESOURCE, which
+  # a CI machine (itself a container) may not have.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{bin}"
+    conf_dir = "{conf}"
+"#,
+        bin = bin_dir.display(),
+        conf = conf_dir.display(),
+    )
+}
