@@ -68,7 +68,12 @@ fn consult(opts: &Options, endpoints: &[String]) -> crate::cri::Consulted {
             crate::error!("agent: {e:#}; nothing is judged by sandbox lists this run");
             Vec::new()
         });
-        (nets, Served::Reported)
+        let root = opts.gc.plugin_root.as_deref().unwrap_or(Path::new("/"));
+        let served = Served::Reported {
+            conf_dir: &opts.conf_dir,
+            root,
+        };
+        (nets, served)
     } else {
         (opts.cri_networks.clone(), Served::Any)
     };

@@ -1,0 +1,401 @@
+//! Which CRI runtimes a node has, and what they say together: the sandbox list that
+//! may judge records, and the networks it may judge.
+//!
+//! A runtime's list may only judge the networks that runtime sets up. The agent guesses
+//! them from its conf dir; a runtime that says what it loaded (containerd's verbose
+//! `Status` carries its CNI configuration: conf dir and network names) narrows that
+//! guess, and one that loads another conf dir judges nothing at all. The rule errs
+//! towards live: any runtime that does not answer means no judgement.
+
+use super::{api, block_on, connect, unary, Judgement, UNANSWERED};
+use anyhow::{Context, Result};
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// Where containerd and CRI-O listen unless configured otherwise (CRI-O documents
+/// `/var/run/crio/crio.sock`; `/var/run` is a link to `/run` on Debian).
+pub const DEFAULT_SOCKETS: [&str; 3] = [
+    "run/containerd/containerd.sock",
+    "run/crio/crio.sock",
+    "var/run/crio/crio.sock",
+];
+
+/// The endpoints of the default sockets that exist under `root` now (`/` on the node;
+/// `/proc/1/root` in a container that shares the node's PID namespace), each socket
+/// once however many of its names exist.
+pub fn discover(root: &Path) -> Vec<String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let mut seen = HashSet::new();
+    DEFAULT_SOCKETS
+        .iter()
+        .filter_map(|rel| {
+            let path = root.join(rel);
+            let md = std::fs::metadata(&path).ok()?;
+            let new = md.file_type().is_socket() && seen.insert((md.dev(), md.ino()));
+            new.then(|| format!("unix://{}", path.display()))
+        })
+        .collect()
+}
+
+/// What one runtime said.
+pub(super) struct Reply {
+    pub(super) sandboxes: HashMap<String, i32>,
+    /// Its loaded CNI configuration, when it says.
+    served: Option<Loaded>,
+}
+
+/// A runtime's loaded CNI configuration, as it reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Loaded {
+    conf_dir: Option<String>,
+    networks: HashSet<String>,
+}
+
+pub(super) async fn ask(endpoint: &str, want_served: bool, timeout: Duration) -> Result<Reply> {
+    let channel = connect(endpoint, timeout).await?;
+    let resp: api::ListPodSandboxResponse = unary(
+        channel.clone(),
+        api::LIST_POD_SANDBOX,
+        api::ListPodSandboxRequest::default(),
+    )
+    .await
+    .map_err(|s| anyhow::anyhow!("{}: {}", s.code(), s.message()))
+    .with_context(|| format!("{endpoint}: ListPodSandbox"))?;
+    let sandboxes = resp.items.into_iter().map(|s| (s.id, s.state)).collect();
+    let mut served = None;
+    if want_served {
+        let status: Result<api::StatusResponse, _> =
+            unary(channel, api::STATUS, api::StatusRequest { verbose: true }).await;
+        served = status.ok().and_then(|s| loaded(&s.info));
+    }
+    Ok(Reply { sandboxes, served })
+}
+
+/// containerd's `cniconfig`: `{"PluginConfDir": …, "Networks":[{"Config":{"Name":…}}]}`.
+fn loaded(info: &HashMap<String, String>) -> Option<Loaded> {
+    let doc: serde_json::Value = serde_json::from_str(info.get("cniconfig")?).ok()?;
+    let networks = doc
+        .get("Networks")?
+        .as_array()?
+        .iter()
+        .filter_map(|n| n.pointer("/Config/Name")?.as_str().map(String::from))
+        .collect();
+    let conf_dir = doc
+        .get("PluginConfDir")
+        .and_then(|d| d.as_str())
+        .map(String::from);
+    Some(Loaded { conf_dir, networks })
+}
+
+/// Which of the wanted networks a judgement covers.
+#[derive(Debug, Clone, Copy)]
+pub enum Served<'a> {
+    /// All of them: the operator named them (`--cri-network`).
+    Any,
+    /// Only those a runtime says it loads from this conf dir (seen under `root`, where
+    /// the runtime's paths are the node's); all of them for a runtime that does not say.
+    Reported { conf_dir: &'a Path, root: &'a Path },
+}
+
+/// What one endpoint answered, for the report and metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub endpoint: String,
+    /// Sandboxes it lists; None when it did not answer.
+    pub sandboxes: Option<usize>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Consulted {
+    /// None unless every endpoint answered and some network is left to judge.
+    pub judgement: Option<Judgement>,
+    pub answers: Vec<Answer>,
+}
+
+/// Asks every endpoint, then judges as `merge` says.
+pub fn consult(
+    endpoints: &[String],
+    networks: &[String],
+    served: Served,
+    timeout: Duration,
+) -> Consulted {
+    let fetched_at = crate::time::now();
+    let want_served = matches!(served, Served::Reported { .. });
+    let replies: Vec<(String, Result<Reply>)> = endpoints
+        .iter()
+        .map(|e| {
+            let reply = block_on(ask(e, want_served, timeout)).and_then(|r| r);
+            if reply.is_err() {
+                UNANSWERED.fetch_add(1, Ordering::Relaxed);
+            }
+            (e.clone(), reply)
+        })
+        .collect();
+    merge(replies, networks, served, fetched_at)
+}
+
+/// Only when every runtime answered is anything judged (a sandbox of a silent runtime
+/// would look absent), against the union of their sandboxes, for the wanted networks
+/// that some runtime serving our conf dir loads.
+fn merge(
+    replies: Vec<(String, Result<Reply>)>,
+    networks: &[String],
+    served: Served,
+    fetched_at: i64,
+) -> Consulted {
+    let mut answers = Vec::new();
+    let mut sandboxes: HashMap<String, i32> = HashMap::new();
+    let mut judged: HashSet<String> = HashSet::new();
+    let mut all_answered = !replies.is_empty();
+    for (endpoint, reply) in replies {
+        let reply = match reply {
+            Ok(r) => r,
+            Err(e) => {
+                crate::error!(
+                    "cri: the runtime did not answer ({e:#}); nothing is judged by sandbox lists this run"
+                );
+                answers.push(Answer {
+                    endpoint,
+                    sandboxes: None,
+                });
+                all_answered = false;
+                continue;
+            }
+        };
+        answers.push(Answer {
+            endpoint: endpoint.clone(),
+            sandboxes: Some(reply.sandboxes.len()),
+        });
+        judged.extend(covered(&endpoint, reply.served.as_ref(), networks, served));
+        for (id, state) in reply.sandboxes {
+            // Ready (0) wins over not-ready: neither is absent, and ready is the truer
+            // word if two runtimes disagree.
+            let e = sandboxes.entry(id).or_insert(state);
+            *e = (*e).min(state);
+        }
+    }
+    let mut judged: Vec<String> = judged.into_iter().collect();
+    judged.sort();
+    let endpoints: Vec<&str> = answers.iter().map(|a| a.endpoint.as_str()).collect();
+    let judgement = if !all_answered {
+        None
+    } else if judged.is_empty() {
+        crate::info!(
+            "cri: {} serve(s) none of the networks {}; nothing is judged by sandbox lists",
+            endpoints.join(", "),
+            networks.join(", ")
+        );
+        None
+    } else {
+        crate::info!(
+            "cri: {} list(s) {} pod sandbox(es); judging networks {}",
+            endpoints.join(", "),
+            sandboxes.len(),
+            judged.join(", ")
+        );
+        Some(Judgement {
+            networks: judged.into_iter().collect(),
+            sandboxes,
+            fetched_at,
+        })
+    };
+    Consulted { judgement, answers }
+}
+
+/// The wanted networks one runtime's list may judge.
+fn covered(
+    endpoint: &str,
+    loaded: Option<&Loaded>,
+    wanted: &[String],
+    served: Served,
+) -> Vec<String> {
+    let (Served::Reported { conf_dir, root }, Some(loaded)) = (served, loaded) else {
+        return wanted.to_vec();
+    };
+    if let Some(theirs) = &loaded.conf_dir {
+        if !same_dir(conf_dir, root, theirs) {
+            crate::info!(
+                "cri: {endpoint} loads {theirs}, not {}: its sandboxes judge nothing here",
+                conf_dir.display()
+            );
+            return Vec::new();
+        }
+    }
+    wanted
+        .iter()
+        .filter(|n| loaded.networks.contains(*n))
+        .cloned()
+        .collect()
+}
+
+/// Whether the runtime's conf dir (a node path, seen under `root`) is ours: the same
+/// directory, not the same spelling. Unreadable is not the same.
+fn same_dir(ours: &Path, root: &Path, theirs: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let theirs = root.join(theirs.trim_start_matches('/'));
+    match (std::fs::metadata(ours), std::fs::metadata(theirs)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn scratch(tag: &str) -> PathBuf {
+        let root = std::env::temp_dir().join(format!("cl-cri-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        root
+    }
+
+    #[test]
+    fn discovers_each_default_socket_once() {
+        use std::os::unix::net::UnixListener;
+        let root = scratch("discover");
+        std::fs::create_dir_all(root.join("run/containerd")).unwrap();
+        std::fs::create_dir_all(root.join("run/crio")).unwrap();
+        std::fs::create_dir_all(root.join("var")).unwrap();
+        assert!(discover(&root).is_empty());
+        // A plain file where a socket belongs is no runtime.
+        std::fs::write(root.join("run/containerd/containerd.sock"), "").unwrap();
+        assert!(discover(&root).is_empty());
+        std::fs::remove_file(root.join("run/containerd/containerd.sock")).unwrap();
+        let _a = UnixListener::bind(root.join("run/containerd/containerd.sock")).unwrap();
+        let _b = UnixListener::bind(root.join("run/crio/crio.sock")).unwrap();
+        // /var/run -> ../run: CRI-O's documented name reaches the same socket.
+        std::os::unix::fs::symlink("../run", root.join("var/run")).unwrap();
+        let ep = |rel: &str| format!("unix://{}", root.join(rel).display());
+        assert_eq!(
+            discover(&root),
+            [
+                ep("run/containerd/containerd.sock"),
+                ep("run/crio/crio.sock")
+            ]
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn what_containerd_says_it_loaded() {
+        // The shape containerd 1.6 answers in Status(verbose) info["cniconfig"].
+        let cniconfig = r#"{"PluginDirs":["/opt/cni/bin"],"PluginConfDir":"/etc/cni/net.d",
+            "Networks":[{"Config":{"Name":"cni-loopback","Plugins":[]},"IFName":"lo"},
+                        {"Config":{"Name":"mynet","Plugins":[]},"IFName":"eth0"}]}"#;
+        let info = HashMap::from([("cniconfig".to_string(), cniconfig.to_string())]);
+        assert_eq!(
+            loaded(&info),
+            Some(Loaded {
+                conf_dir: Some("/etc/cni/net.d".into()),
+                networks: HashSet::from(["cni-loopback".into(), "mynet".into()]),
+            })
+        );
+        // CRI-O, or a runtime that does not say: unknown, not "serves nothing".
+        assert_eq!(loaded(&HashMap::new()), None);
+        let bad = HashMap::from([("cniconfig".to_string(), "{".to_string())]);
+        assert_eq!(loaded(&bad), None);
+    }
+
+    fn reply(ids: &[(&str, i32)], served: Option<(&Path, &[&str])>) -> Result<Reply> {
+        Ok(Reply {
+            sandboxes: ids.iter().map(|(i, s)| (i.to_string(), *s)).collect(),
+            served: served.map(|(dir, nets)| Loaded {
+                conf_dir: Some(dir.display().to_string()),
+                networks: nets.iter().map(|n| n.to_string()).collect(),
+            }),
+        })
+    }
+
+    fn nets(j: &Judgement) -> Vec<&str> {
+        let mut v: Vec<&str> = j.networks.iter().map(String::as_str).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn runtimes_judge_only_the_networks_they_load_from_our_conf_dir() {
+        let root = scratch("merge");
+        let ours = root.join("net.d");
+        let other = root.join("other.d");
+        std::fs::create_dir_all(&ours).unwrap();
+        std::fs::create_dir_all(&other).unwrap();
+        // Another spelling of our dir is our dir.
+        std::os::unix::fs::symlink(&ours, root.join("alias.d")).unwrap();
+        let wanted = ["pods".to_string(), "podman".to_string()];
+        let served = Served::Reported {
+            conf_dir: &ours,
+            root: Path::new("/"),
+        };
+        let ep = |n: &str| format!("unix:///run/{n}.sock");
+
+        // containerd loads pods (not podman's network) from our dir, via the alias.
+        let alias = root.join("alias.d");
+        let c = merge(
+            vec![(ep("a"), reply(&[("p1", 0)], Some((&alias, &["pods"]))))],
+            &wanted,
+            served,
+            100,
+        );
+        let j = c.judgement.unwrap();
+        assert_eq!(nets(&j), ["pods"]);
+        assert_eq!(c.answers[0].sandboxes, Some(1));
+
+        // A runtime loading another dir judges nothing, even with the same network name.
+        let c = merge(
+            vec![(ep("a"), reply(&[], Some((&other, &["pods"]))))],
+            &wanted,
+            served,
+            100,
+        );
+        assert!(c.judgement.is_none());
+        assert_eq!(c.answers[0].sandboxes, Some(0));
+
+        // One that does not say (CRI-O) judges the wanted networks; with a second
+        // runtime, the sandboxes are the union and ready wins.
+        let c = merge(
+            vec![
+                (ep("a"), reply(&[("p1", 1)], Some((&ours, &["pods"])))),
+                (ep("b"), reply(&[("p1", 0), ("p2", 1)], None)),
+            ],
+            &wanted,
+            served,
+            100,
+        );
+        let j = c.judgement.unwrap();
+        assert_eq!(nets(&j), ["podman", "pods"]);
+        assert_eq!(
+            j.sandboxes,
+            HashMap::from([("p1".into(), 0), ("p2".into(), 1)])
+        );
+
+        // Any runtime silent: nothing judged, whatever the others said.
+        let c = merge(
+            vec![
+                (ep("a"), reply(&[("p1", 0)], Some((&ours, &["pods"])))),
+                (ep("b"), Err(anyhow::anyhow!("connection refused"))),
+            ],
+            &wanted,
+            served,
+            100,
+        );
+        assert!(c.judgement.is_none());
+        assert_eq!(c.answers[1].sandboxes, None);
+
+        // Networks the operator named are judged as named.
+        let c = merge(
+            vec![(ep("a"), reply(&[], Some((&other, &["x"]))))],
+            &wanted,
+            Served::Any,
+            100,
+        );
+        assert_eq!(nets(&c.judgement.unwrap()), ["podman", "pods"]);
+        assert!(merge(Vec::new(), &wanted, Served::Any, 100)
+            .judgement
+            .is_none());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}
