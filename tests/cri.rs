@@ -726,3 +726,59 @@ fn agent_asks_containerd_at_its_default_socket() {
         .unwrap();
     forget_system_cache_entries(&wiped);
 }
+
+/// Docker's containerd runs with its CRI plugin off: at the default socket it is found,
+/// answers Unimplemented, and is left out as no runtime of pods, not counted as a
+/// runtime that did not answer.
+#[test]
+fn agent_leaves_out_a_containerd_without_cri() {
+    let f = Fixture::new();
+    let private = PrivateRun::new();
+    let dir = Containerd::configure_at(&f, Some("/run/containerd/containerd.sock"));
+    let config = fs::read_to_string(dir.join("config.toml"))
+        .unwrap()
+        .replacen(
+            "disabled_plugins = [",
+            r#"disabled_plugins = ["io.containerd.grpc.v1.cri", "#,
+            1,
+        );
+    fs::write(dir.join("config.toml"), config).unwrap();
+    let _ctrd = Containerd::start_in(&f, &dir, Some(&private));
+    let log = f.tmp.path().join("agent.log");
+    let args: Vec<String> = [
+        "--cni-bin-dir",
+        f.bin_dir.to_str().unwrap(),
+        "--conf-dir",
+        f.conf_dir.to_str().unwrap(),
+        "--ledger-dir",
+        f.ledger_dir.to_str().unwrap(),
+        "--cni-cache-dir",
+        f.cache_dir.to_str().unwrap(),
+        "--gc-interval",
+        "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut agent =
+        Agent::start_in_mounts(&ledger_bin(), &args, &log, f.host.name(), &private.mnt());
+    let runs = r#"cni_ledger_gc_runs_total{result="ok"}"#;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let m = loop {
+        let m = agent.metrics();
+        if sample(&m, runs).unwrap_or(0.0) >= 2.0 {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "{m}\n{}", agent.log_text());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let text = agent.log_text();
+    assert!(
+        text.contains("unix:///run/containerd/containerd.sock serves no CRI RuntimeService"),
+        "{text}"
+    );
+    assert!(!text.contains("did not answer"), "{text}");
+    assert!(!m.contains("cni_ledger_cri_up{"), "{m}");
+    assert!(!m.contains("cni_ledger_cri_unanswered_total{"), "{m}");
+    assert!(agent.stop(20).success(), "{}", agent.log_text());
+}

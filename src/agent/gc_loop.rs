@@ -13,6 +13,7 @@ const CRI_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn run(shared: &Shared, opts: &Options, stop: &Stop) {
     let mut last_endpoints = None;
+    let mut last_not_cri = Vec::new();
     loop {
         let t0 = Instant::now();
         let mut gc = opts.gc.clone();
@@ -27,6 +28,13 @@ pub fn run(shared: &Shared, opts: &Options, stop: &Stop) {
             last_endpoints = Some(endpoints.clone());
         }
         let consulted = (!endpoints.is_empty()).then(|| consult(opts, &endpoints));
+        let not_cri = consulted.as_ref().map_or(&[][..], |c| &c.not_cri[..]);
+        if not_cri != last_not_cri.as_slice() {
+            for e in not_cri {
+                crate::info!("agent: {e} serves no CRI RuntimeService (a containerd with its CRI plugin off): not a runtime of pods; left out");
+            }
+            last_not_cri = not_cri.to_vec();
+        }
         let answers = consulted.as_ref().map_or(&[][..], |c| &c.answers[..]);
         // No runtime now: no `cni_ledger_cri_up` left from one that went away.
         shared.metrics.observe_cri(answers);
@@ -81,7 +89,9 @@ fn consult(opts: &Options, endpoints: &[String]) -> crate::cri::Consulted {
         return crate::cri::Consulted {
             judgement: None,
             answers: Vec::new(),
+            not_cri: Vec::new(),
         };
     }
-    crate::cri::consult(endpoints, &networks, served, CRI_TIMEOUT)
+    let discovered = opts.cri == CriEndpoints::Auto;
+    crate::cri::consult(endpoints, &networks, served, discovered, CRI_TIMEOUT)
 }

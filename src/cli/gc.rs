@@ -90,6 +90,7 @@ pub fn run(args: Args) -> Result<i32> {
             std::slice::from_ref(endpoint),
             &args.cri_network,
             crate::cri::Served::Any,
+            false,
             CRI_TIMEOUT,
         );
         opts.cri = consulted.judgement;

@@ -142,7 +142,14 @@ impl Judgement {
 
 /// Asks the runtime; a runtime that does not answer yields None (logged, counted).
 pub fn judgement(endpoint: &str, networks: &[String], timeout: Duration) -> Option<Judgement> {
-    consult(&[endpoint.to_string()], networks, Served::Any, timeout).judgement
+    consult(
+        &[endpoint.to_string()],
+        networks,
+        Served::Any,
+        false,
+        timeout,
+    )
+    .judgement
 }
 
 #[cfg(test)]

@@ -39,6 +39,19 @@ pub fn discover(root: &Path) -> Vec<String> {
         .collect()
 }
 
+/// A socket that speaks gRPC but serves no CRI `RuntimeService` (Docker's containerd
+/// runs with its CRI plugin disabled): no runtime of pods at all.
+#[derive(Debug)]
+pub struct NotCri;
+
+impl std::fmt::Display for NotCri {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("it serves no CRI RuntimeService (Unimplemented)")
+    }
+}
+
+impl std::error::Error for NotCri {}
+
 /// What one runtime said.
 pub(super) struct Reply {
     pub(super) sandboxes: HashMap<String, i32>,
@@ -61,7 +74,10 @@ pub(super) async fn ask(endpoint: &str, want_served: bool, timeout: Duration) ->
         api::ListPodSandboxRequest::default(),
     )
     .await
-    .map_err(|s| anyhow::anyhow!("{}: {}", s.code(), s.message()))
+    .map_err(|s| match s.code() {
+        tonic::Code::Unimplemented => anyhow::Error::new(NotCri),
+        code => anyhow::anyhow!("{code}: {}", s.message()),
+    })
     .with_context(|| format!("{endpoint}: ListPodSandbox"))?;
     let sandboxes = resp.items.into_iter().map(|s| (s.id, s.state)).collect();
     let mut served = None;
@@ -112,28 +128,37 @@ pub struct Consulted {
     /// None unless every endpoint answered and some network is left to judge.
     pub judgement: Option<Judgement>,
     pub answers: Vec<Answer>,
+    /// Discovered sockets that serve no CRI at all: left out, not "did not answer".
+    pub not_cri: Vec<String>,
 }
 
-/// Asks every endpoint, then judges as `merge` says.
+/// Asks every endpoint, then judges as `merge` says. `discovered`: the endpoints were
+/// found, not named, so one that turns out to serve no CRI is simply not a runtime.
 pub fn consult(
     endpoints: &[String],
     networks: &[String],
     served: Served,
+    discovered: bool,
     timeout: Duration,
 ) -> Consulted {
     let fetched_at = crate::time::now();
     let want_served = matches!(served, Served::Reported { .. });
-    let replies: Vec<(String, Result<Reply>)> = endpoints
-        .iter()
-        .map(|e| {
-            let reply = block_on(ask(e, want_served, timeout)).and_then(|r| r);
-            if reply.is_err() {
+    let mut not_cri = Vec::new();
+    let mut replies = Vec::new();
+    for e in endpoints {
+        let reply = block_on(ask(e, want_served, timeout)).and_then(|r| r);
+        match &reply {
+            Err(err) if discovered && err.is::<NotCri>() => not_cri.push(e.clone()),
+            Err(_) => {
                 UNANSWERED.fetch_add(1, Ordering::Relaxed);
+                replies.push((e.clone(), reply));
             }
-            (e.clone(), reply)
-        })
-        .collect();
-    merge(replies, networks, served, fetched_at)
+            Ok(_) => replies.push((e.clone(), reply)),
+        }
+    }
+    let mut consulted = merge(replies, networks, served, fetched_at);
+    consulted.not_cri = not_cri;
+    consulted
 }
 
 /// Only when every runtime answered is anything judged (a sandbox of a silent runtime
@@ -201,7 +226,11 @@ fn merge(
             fetched_at,
         })
     };
-    Consulted { judgement, answers }
+    Consulted {
+        judgement,
+        answers,
+        not_cri: Vec::new(),
+    }
 }
 
 /// The wanted networks one runtime's list may judge.
