@@ -428,6 +428,14 @@ fn row<'a>(rows: &'a [Value], id: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no row for {id}: {rows:#?}"))
 }
 
+/// The containerds of these tests share the system's libcni cache (/var/lib/cni, which
+/// containerd 1.6 does not let a config move): one test at a time, so an agent that
+/// adopts from it never takes another test's live sandboxes for its own.
+fn one_containerd_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// containerd's libcni cache is the system's (/var/lib/cni): drops what a sandbox the
 /// test made containerd forget left there.
 fn forget_system_cache_entries(id: &str) {
@@ -465,6 +473,7 @@ fn nat_lines_for(f: &Fixture, id: &str) -> usize {
 
 #[test]
 fn containerd_sandbox_list_judges_exactly_the_forgotten_sandbox() {
+    let _serial = one_containerd_at_a_time();
     let f = Fixture::new(); // [cni-ledger, bridge+host-local, portmap]
     for p in ["loopback", "bridge", "host-local", "portmap"] {
         symlink(Path::new(CNI_PLUGIN_DIR).join(p), f.bin_dir.join(p)).unwrap();
@@ -572,7 +581,14 @@ fn containerd_sandbox_list_judges_exactly_the_forgotten_sandbox() {
 /// containerd does not answer.
 #[test]
 fn agent_asks_containerd_at_its_default_socket() {
+    let _serial = one_containerd_at_a_time();
     let mut f = Fixture::new(); // 10-cltest.conflist: [cni-ledger, bridge+host-local, portmap]
+                                // The agent adopts every network in the system's libcni cache, where containerd
+                                // writes; a name of its own keeps other tests' entries out of containerd's judgement.
+    f.network = format!("cltest{}", next_id());
+    let spec = f.spec.clone();
+    f.write_conflist(&f.conflist(&spec));
+    let own = f.network.clone();
     for p in ["loopback", "bridge", "host-local", "portmap"] {
         symlink(Path::new(CNI_PLUGIN_DIR).join(p), f.bin_dir.join(p)).unwrap();
     }
@@ -608,7 +624,7 @@ fn agent_asks_containerd_at_its_default_socket() {
     f.add(&foreign, "eth0", Some(&podman_like.path_str()), None)
         .unwrap();
     let foreign_record = f.record_path(&foreign, "eth0");
-    f.network = "cltest".into();
+    f.network = own.clone();
     assert!(foreign_record.exists(), "{}", f.log());
     std::thread::sleep(Duration::from_millis(2100)); // records older than any list below
 
@@ -673,7 +689,10 @@ fn agent_asks_containerd_at_its_default_socket() {
         text.contains("asking the CRI runtime at unix:///run/containerd/containerd.sock"),
         "{text}"
     );
-    assert!(text.contains("judging networks cltest\n"), "{text}");
+    assert!(
+        text.contains(&format!("judging networks {own}\n")),
+        "{text}"
+    );
 
     // containerd forgets one sandbox behind its back (its namespace stays): the agent
     // releases it, and only it.
@@ -732,6 +751,7 @@ fn agent_asks_containerd_at_its_default_socket() {
 /// runtime that did not answer.
 #[test]
 fn agent_leaves_out_a_containerd_without_cri() {
+    let _serial = one_containerd_at_a_time();
     let f = Fixture::new();
     let private = PrivateRun::new();
     let dir = Containerd::configure_at(&f, Some("/run/containerd/containerd.sock"));

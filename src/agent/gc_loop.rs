@@ -12,33 +12,11 @@ use std::time::{Duration, Instant};
 const CRI_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn run(shared: &Shared, opts: &Options, stop: &Stop) {
-    let mut last_endpoints = None;
-    let mut last_not_cri = Vec::new();
+    let mut seen = Seen::default();
     loop {
         let t0 = Instant::now();
         let mut gc = opts.gc.clone();
-        let endpoints = endpoints(opts);
-        if last_endpoints.as_ref() != Some(&endpoints) {
-            match endpoints.is_empty() {
-                true => {
-                    crate::info!("agent: no CRI runtime to ask; records are judged without one")
-                }
-                false => crate::info!("agent: asking the CRI runtime at {}", endpoints.join(", ")),
-            }
-            last_endpoints = Some(endpoints.clone());
-        }
-        let consulted = (!endpoints.is_empty()).then(|| consult(opts, &endpoints));
-        let not_cri = consulted.as_ref().map_or(&[][..], |c| &c.not_cri[..]);
-        if not_cri != last_not_cri.as_slice() {
-            for e in not_cri {
-                crate::info!("agent: {e} serves no CRI RuntimeService (a containerd with its CRI plugin off): not a runtime of pods; left out");
-            }
-            last_not_cri = not_cri.to_vec();
-        }
-        let answers = consulted.as_ref().map_or(&[][..], |c| &c.answers[..]);
-        // No runtime now: no `cni_ledger_cri_up` left from one that went away.
-        shared.metrics.observe_cri(answers);
-        gc.cri = consulted.and_then(|c| c.judgement);
+        gc.cri = ask_runtimes(opts, shared, &mut seen);
         match crate::gc::run(&gc) {
             Ok(report) => shared
                 .metrics
@@ -55,6 +33,41 @@ pub fn run(shared: &Shared, opts: &Options, stop: &Stop) {
             return;
         }
     }
+}
+
+/// What the last run found, so that a change is logged once, not every run.
+#[derive(Default)]
+struct Seen {
+    endpoints: Option<Vec<String>>,
+    not_cri: Vec<String>,
+}
+
+/// The runtimes' judgement for this run (None: no runtime, or none that may judge),
+/// with their answers in the metrics.
+fn ask_runtimes(opts: &Options, shared: &Shared, seen: &mut Seen) -> Option<crate::cri::Judgement> {
+    let endpoints = endpoints(opts);
+    if seen.endpoints.as_ref() != Some(&endpoints) {
+        if endpoints.is_empty() {
+            crate::info!("agent: no CRI runtime to ask; records are judged without one");
+        } else {
+            crate::info!("agent: asking the CRI runtime at {}", endpoints.join(", "));
+        }
+        seen.endpoints = Some(endpoints.clone());
+    }
+    let consulted = (!endpoints.is_empty()).then(|| consult(opts, &endpoints));
+    let not_cri = consulted.as_ref().map_or(&[][..], |c| &c.not_cri[..]);
+    if not_cri != seen.not_cri.as_slice() {
+        for e in not_cri {
+            crate::info!(
+                "agent: {e} serves no CRI RuntimeService (a containerd with its CRI plugin off): not a runtime of pods; left out"
+            );
+        }
+        seen.not_cri = not_cri.to_vec();
+    }
+    // No runtime now: no `cni_ledger_cri_up` left from one that went away.
+    let answers = consulted.as_ref().map_or(&[][..], |c| &c.answers[..]);
+    shared.metrics.observe_cri(answers);
+    consulted.and_then(|c| c.judgement)
 }
 
 fn endpoints(opts: &Options) -> Vec<String> {
