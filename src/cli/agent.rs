@@ -45,8 +45,8 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
     /// CRI runtimes asked which pod sandboxes exist before each gc run (repeatable):
-    /// `auto` (containerd's and CRI-O's default sockets, those that exist), `none`, or
-    /// unix:///PATH.
+    /// `auto` (the default sockets of containerd, CRI-O, k3s/rke2 and cri-dockerd,
+    /// those that exist), `none`, or unix:///PATH.
     #[arg(
         long = "cri-endpoint",
         value_name = "auto|none|unix:///PATH",
