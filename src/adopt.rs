@@ -206,6 +206,8 @@ pub fn record_for(entry: &CacheEntry, boot: &str, booted_at: i64, cni_path: &str
         gc: None,
         source: Some(SOURCE_ADOPTED.into()),
         cache_file: Some(entry.path.display().to_string()),
+        chain_digest: crate::conflist::parse(&entry.config_bytes)
+            .map(|list| crate::conflist::chain_digest(&list, "cni-ledger")),
     }
 }
 

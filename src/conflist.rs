@@ -53,6 +53,39 @@ pub fn find(dir: &Path, name: &str) -> Result<Option<Found>> {
     Ok(None)
 }
 
+/// What identifies a network's chain apart from the ledger's own place in it: a digest
+/// of its name and plugins, the `ledger_type` entries left out and keys in sorted order,
+/// so the conflist before and after `inject` (or as another program reformatted it)
+/// digests alike, while any other change to the chain does not.
+pub fn chain_digest(list: &Value, ledger_type: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let plugins: Vec<Value> = plugins(list)
+        .iter()
+        .filter(|p| plugin_type(p) != ledger_type)
+        .map(sorted)
+        .collect();
+    let canonical = serde_json::json!([list.get("name"), plugins]);
+    let digest = Sha256::digest(canonical.to_string().as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `v` with every object's keys in sorted order.
+fn sorted(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            Value::Object(
+                keys.into_iter()
+                    .map(|k| (k.clone(), sorted(&m[k])))
+                    .collect(),
+            )
+        }
+        Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
+        other => other.clone(),
+    }
+}
+
 pub fn plugins(list: &Value) -> &[Value] {
     list.get("plugins")
         .and_then(Value::as_array)
@@ -81,6 +114,31 @@ pub fn declared_capabilities(plugin: &Value) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chain_digest_ignores_the_ledger_and_key_order_only() {
+        let d = |text: &str| chain_digest(&parse(text.as_bytes()).unwrap(), "cni-ledger");
+        let plain =
+            d(r#"{"name":"n","plugins":[{"type":"bridge","bridge":"b0"},{"type":"portmap"}]}"#);
+        assert_eq!(
+            plain,
+            d(
+                r#"{"plugins":[{"type":"cni-ledger","ledgerDir":"/x"},{"bridge":"b0","type":"bridge"},{"type":"portmap"}],"name":"n","cniVersion":"1.0.0"}"#
+            )
+        );
+        assert_ne!(
+            plain,
+            d(r#"{"name":"n","plugins":[{"type":"bridge","bridge":"b1"},{"type":"portmap"}]}"#)
+        );
+        assert_ne!(
+            plain,
+            d(r#"{"name":"m","plugins":[{"type":"bridge","bridge":"b0"},{"type":"portmap"}]}"#)
+        );
+        assert_ne!(
+            plain,
+            d(r#"{"name":"n","plugins":[{"type":"portmap"},{"type":"bridge","bridge":"b0"}]}"#)
+        );
+    }
 
     #[test]
     fn finds_by_name_conflist_first() {

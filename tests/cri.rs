@@ -582,9 +582,10 @@ fn containerd_sandbox_list_judges_exactly_the_forgotten_sandbox() {
 #[test]
 fn agent_asks_containerd_at_its_default_socket() {
     let _serial = one_containerd_at_a_time();
-    let mut f = Fixture::new(); // 10-cltest.conflist: [cni-ledger, bridge+host-local, portmap]
-                                // The agent adopts every network in the system's libcni cache, where containerd
-                                // writes; a name of its own keeps other tests' entries out of containerd's judgement.
+    // 10-cltest.conflist: [cni-ledger, bridge+host-local, portmap]. The agent adopts every
+    // network in the system's libcni cache, where containerd writes; a name of its own
+    // keeps other tests' entries out of containerd's judgement.
+    let mut f = Fixture::new();
     f.network = format!("cltest{}", next_id());
     let spec = f.spec.clone();
     f.write_conflist(&f.conflist(&spec));
@@ -801,4 +802,93 @@ fn agent_leaves_out_a_containerd_without_cri() {
     assert!(!m.contains("cni_ledger_cri_up{"), "{m}");
     assert!(!m.contains("cni_ledger_cri_unanswered_total{"), "{m}");
     assert!(agent.stop(20).success(), "{}", agent.log_text());
+}
+
+/// A sandbox made while the ledger was out of the chain: the agent injects the ledger,
+/// adopts the attachment from containerd's libcni cache and, once containerd has
+/// forgotten the sandbox, releases it. The chain libcni cached (without the ledger) is
+/// the one containerd reports loading (with it), so containerd's list may judge it.
+#[test]
+fn agent_releases_an_adopted_sandbox_containerd_forgot() {
+    let _serial = one_containerd_at_a_time();
+    let mut f = Fixture::new();
+    f.network = format!("cladopt{}", next_id());
+    let spec = f.spec.clone();
+    let mut plain = f.conflist(&spec);
+    plain["plugins"].as_array_mut().unwrap().remove(0); // [bridge+host-local, portmap]
+    f.write_conflist(&plain);
+    for p in ["loopback", "bridge", "host-local", "portmap"] {
+        symlink(Path::new(CNI_PLUGIN_DIR).join(p), f.bin_dir.join(p)).unwrap();
+    }
+    let private = PrivateRun::new();
+    let tarball = build_pause_image(f.tmp.path());
+    let dir = Containerd::configure_at(&f, Some("/run/containerd/containerd.sock"));
+    let mut ctrd = Containerd::start_in(&f, &dir, Some(&private));
+    let out = ctrd.ctr(&["images", "import", tarball.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let early = ctrd.run_sandbox("early", 18101);
+    assert!(
+        !f.record_path(&early, "eth0").exists(),
+        "recorded without the ledger"
+    );
+    assert_eq!(f.ipam_addresses().len(), 1);
+    std::thread::sleep(Duration::from_millis(2100)); // older than any list below
+
+    let log = f.tmp.path().join("agent.log");
+    let args: Vec<String> = [
+        "--cni-bin-dir",
+        f.bin_dir.to_str().unwrap(),
+        "--conf-dir",
+        f.conf_dir.to_str().unwrap(),
+        "--ledger-dir",
+        f.ledger_dir.to_str().unwrap(),
+        "--cni-cache-dir",
+        "/var/lib/cni",
+        "--grace",
+        "0",
+        "--gc-interval",
+        "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut agent =
+        Agent::start_in_mounts(&ledger_bin(), &args, &log, f.host.name(), &private.mnt());
+    let record = f.record_path(&early, "eth0");
+    let runs = r#"cni_ledger_gc_runs_total{result="ok"}"#;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !(record.exists() && sample(&agent.metrics(), runs).unwrap_or(0.0) >= 3.0) {
+        assert!(
+            Instant::now() < deadline,
+            "not adopted, or too few gc runs:\n{}",
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let doc: Value = serde_json::from_slice(&fs::read(&record).unwrap()).unwrap();
+    assert_eq!(doc["record"]["source"], json!("adopted"), "{doc:#}");
+    assert!(doc["record"]["chainDigest"].is_string(), "{doc:#}");
+    // Listed by containerd: live, though the namespace is not recorded.
+    assert_eq!(f.ipam_addresses().len(), 1, "{}", agent.log_text());
+
+    ctrd.forget_and_stop(&early);
+    let _ctrd = Containerd::start_in(&f, &dir, Some(&private));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while record.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the adopted, forgotten sandbox was never released:\n{}",
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(f.ipam_addresses().is_empty(), "address not released");
+    assert_eq!(nat_lines_for(&f, &early), 0, "{}", f.host.iptables_save());
+    assert!(
+        agent.log_text().contains("not-in-runtime"),
+        "{}",
+        agent.log_text()
+    );
+    assert!(agent.stop(20).success(), "{}", agent.log_text());
+    forget_system_cache_entries(&early);
 }

@@ -101,6 +101,19 @@ pub struct Judgement {
     /// When the list was fetched (Unix seconds): a record made since then may belong to
     /// a sandbox the list could not know yet.
     pub fetched_at: i64,
+    pub adopted: AdoptedChains,
+}
+
+/// Which adopted records (made from libcni's cache, so of unknown origin) a list may
+/// find absent: one runtime's attachment must not be judged by another's list just
+/// because both name a network alike.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdoptedChains {
+    /// Every one: the operator named the networks (`--cri-network`).
+    Any,
+    /// Per network, the chain digests (`conflist::chain_digest`) the runtimes report
+    /// loading; an adopted record whose cached chain is none of them is not judged.
+    Loaded(HashMap<String, HashSet<String>>),
 }
 
 /// What the runtime says about one record: None when it does not judge it.
@@ -134,8 +147,19 @@ impl Judgement {
             Some(_) => Some(Verdict::NotReady),
             None => {
                 let before_list = rec.created_unix().is_some_and(|t| t < self.fetched_at - 1);
-                before_list.then_some(Verdict::Absent)
+                (before_list && self.may_find_absent(rec)).then_some(Verdict::Absent)
             }
+        }
+    }
+
+    fn may_find_absent(&self, rec: &crate::ledger::Record) -> bool {
+        let adopted = rec.source.as_deref() == Some(crate::adopt::SOURCE_ADOPTED);
+        match &self.adopted {
+            AdoptedChains::Loaded(chains) if adopted => rec
+                .chain_digest
+                .as_ref()
+                .is_some_and(|d| chains.get(&rec.network).is_some_and(|set| set.contains(d))),
+            _ => true,
         }
     }
 }
@@ -176,6 +200,7 @@ mod tests {
             networks: HashSet::from(["net1".to_string()]),
             sandboxes: HashMap::from([("other".to_string(), 0)]),
             fetched_at: t + 100,
+            adopted: AdoptedChains::Any,
         };
         assert_eq!(j.verdict(&rec), Some(Verdict::Absent));
         j.sandboxes.insert("abc".into(), 1);
@@ -188,6 +213,40 @@ mod tests {
         j.fetched_at = t + 100;
         j.networks = HashSet::from(["other-net".to_string()]);
         assert_eq!(j.verdict(&rec), None);
+    }
+
+    #[test]
+    fn an_adopted_record_is_found_absent_only_by_a_runtime_loading_its_chain() {
+        let mut rec = sample();
+        rec.source = Some(crate::adopt::SOURCE_ADOPTED.into());
+        rec.chain_digest = Some("d1".into());
+        let t = rec.created_unix().unwrap();
+        let mut j = Judgement {
+            networks: HashSet::from(["net1".to_string()]),
+            sandboxes: HashMap::from([("abc".to_string(), 0)]),
+            fetched_at: t + 100,
+            adopted: AdoptedChains::Loaded(HashMap::from([(
+                "net1".to_string(),
+                HashSet::from(["d0".to_string()]),
+            )])),
+        };
+        // Listed: the runtime's state is shown whatever the chain.
+        assert_eq!(j.verdict(&rec), Some(Verdict::Ready));
+        j.sandboxes.clear();
+        // Not listed, but another chain of the same name: not this runtime's to judge.
+        assert_eq!(j.verdict(&rec), None);
+        rec.chain_digest = None;
+        assert_eq!(j.verdict(&rec), None);
+        rec.chain_digest = Some("d0".into());
+        assert_eq!(j.verdict(&rec), Some(Verdict::Absent));
+        // ADD's own records are not held to it; nor anything when the operator named
+        // the networks.
+        rec.source = None;
+        rec.chain_digest = None;
+        assert_eq!(j.verdict(&rec), Some(Verdict::Absent));
+        rec.source = Some(crate::adopt::SOURCE_ADOPTED.into());
+        j.adopted = AdoptedChains::Any;
+        assert_eq!(j.verdict(&rec), Some(Verdict::Absent));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! guess, and one that loads another conf dir judges nothing at all. The rule errs
 //! towards live: any runtime that does not answer means no judgement.
 
-use super::{api, block_on, connect, unary, Judgement, UNANSWERED};
+use super::{api, block_on, connect, unary, AdoptedChains, Judgement, UNANSWERED};
 use anyhow::{Context, Result};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -64,6 +64,8 @@ pub(super) struct Reply {
 struct Loaded {
     conf_dir: Option<String>,
     networks: HashSet<String>,
+    /// Per network, the `chain_digest` of the conflist it loaded.
+    chains: HashMap<String, String>,
 }
 
 pub(super) async fn ask(endpoint: &str, want_served: bool, timeout: Duration) -> Result<Reply> {
@@ -92,17 +94,33 @@ pub(super) async fn ask(endpoint: &str, want_served: bool, timeout: Duration) ->
 /// containerd's `cniconfig`: `{"PluginConfDir": …, "Networks":[{"Config":{"Name":…}}]}`.
 fn loaded(info: &HashMap<String, String>) -> Option<Loaded> {
     let doc: serde_json::Value = serde_json::from_str(info.get("cniconfig")?).ok()?;
-    let networks = doc
-        .get("Networks")?
-        .as_array()?
+    let entries = doc.get("Networks")?.as_array()?;
+    let networks = entries
         .iter()
         .filter_map(|n| n.pointer("/Config/Name")?.as_str().map(String::from))
+        .collect();
+    // `Source` is the conflist text as loaded, the same bytes libcni caches at ADD.
+    let chains = entries
+        .iter()
+        .filter_map(|n| {
+            let name = n.pointer("/Config/Name")?.as_str()?;
+            let source = n.pointer("/Config/Source")?.as_str()?;
+            let list = crate::conflist::parse(source.as_bytes())?;
+            Some((
+                name.to_string(),
+                crate::conflist::chain_digest(&list, "cni-ledger"),
+            ))
+        })
         .collect();
     let conf_dir = doc
         .get("PluginConfDir")
         .and_then(|d| d.as_str())
         .map(String::from);
-    Some(Loaded { conf_dir, networks })
+    Some(Loaded {
+        conf_dir,
+        networks,
+        chains,
+    })
 }
 
 /// Which of the wanted networks a judgement covers.
@@ -173,6 +191,7 @@ fn merge(
     let mut answers = Vec::new();
     let mut sandboxes: HashMap<String, i32> = HashMap::new();
     let mut judged: HashSet<String> = HashSet::new();
+    let mut chains: HashMap<String, HashSet<String>> = HashMap::new();
     let mut all_answered = !replies.is_empty();
     for (endpoint, reply) in replies {
         let reply = match reply {
@@ -193,7 +212,15 @@ fn merge(
             endpoint: endpoint.clone(),
             sandboxes: Some(reply.sandboxes.len()),
         });
-        judged.extend(covered(&endpoint, reply.served.as_ref(), networks, served));
+        let covers = covered(&endpoint, reply.served.as_ref(), networks, served);
+        if let Some(loaded) = &reply.served {
+            for net in &covers {
+                if let Some(d) = loaded.chains.get(net) {
+                    chains.entry(net.clone()).or_default().insert(d.clone());
+                }
+            }
+        }
+        judged.extend(covers);
         for (id, state) in reply.sandboxes {
             // Ready (0) wins over not-ready: neither is absent, and ready is the truer
             // word if two runtimes disagree.
@@ -220,10 +247,15 @@ fn merge(
             sandboxes.len(),
             judged.join(", ")
         );
+        let adopted = match served {
+            Served::Any => AdoptedChains::Any,
+            Served::Reported { .. } => AdoptedChains::Loaded(chains),
+        };
         Some(Judgement {
             networks: judged.into_iter().collect(),
             sandboxes,
             fetched_at,
+            adopted,
         })
     };
     Consulted {
@@ -312,15 +344,29 @@ mod tests {
     #[test]
     fn what_containerd_says_it_loaded() {
         // The shape containerd 1.6 answers in Status(verbose) info["cniconfig"].
-        let cniconfig = r#"{"PluginDirs":["/opt/cni/bin"],"PluginConfDir":"/etc/cni/net.d",
-            "Networks":[{"Config":{"Name":"cni-loopback","Plugins":[]},"IFName":"lo"},
-                        {"Config":{"Name":"mynet","Plugins":[]},"IFName":"eth0"}]}"#;
+        let source = r#"{"cniVersion":"1.0.0","name":"mynet","plugins":[{"type":"cni-ledger"},{"type":"bridge","bridge":"cni0"}]}"#;
+        let cniconfig = serde_json::json!({
+            "PluginDirs": ["/opt/cni/bin"], "PluginConfDir": "/etc/cni/net.d",
+            "Networks": [
+                {"Config": {"Name": "cni-loopback", "Plugins": []}, "IFName": "lo"},
+                {"Config": {"Name": "mynet", "Plugins": [], "Source": source}, "IFName": "eth0"},
+            ],
+        });
         let info = HashMap::from([("cniconfig".to_string(), cniconfig.to_string())]);
+        // The chain as libcni cached it before the ledger was injected digests alike.
+        let before_inject = crate::conflist::parse(
+            br#"{"name":"mynet","cniVersion":"1.0.0","plugins":[{"bridge":"cni0","type":"bridge"}]}"#,
+        )
+        .unwrap();
         assert_eq!(
             loaded(&info),
             Some(Loaded {
                 conf_dir: Some("/etc/cni/net.d".into()),
                 networks: HashSet::from(["cni-loopback".into(), "mynet".into()]),
+                chains: HashMap::from([(
+                    "mynet".into(),
+                    crate::conflist::chain_digest(&before_inject, "cni-ledger")
+                )]),
             })
         );
         // CRI-O, or a runtime that does not say: unknown, not "serves nothing".
@@ -335,6 +381,10 @@ mod tests {
             served: served.map(|(dir, nets)| Loaded {
                 conf_dir: Some(dir.display().to_string()),
                 networks: nets.iter().map(|n| n.to_string()).collect(),
+                chains: nets
+                    .iter()
+                    .map(|n| (n.to_string(), format!("{n}-chain")))
+                    .collect(),
             }),
         })
     }
@@ -372,6 +422,14 @@ mod tests {
         let j = c.judgement.unwrap();
         assert_eq!(nets(&j), ["pods"]);
         assert_eq!(c.answers[0].sandboxes, Some(1));
+        // Adopted records of pods are judged only if their chain is the loaded one.
+        assert_eq!(
+            j.adopted,
+            AdoptedChains::Loaded(HashMap::from([(
+                "pods".into(),
+                HashSet::from(["pods-chain".into()])
+            )]))
+        );
 
         // A runtime loading another dir judges nothing, even with the same network name.
         let c = merge(
@@ -400,6 +458,11 @@ mod tests {
             j.sandboxes,
             HashMap::from([("p1".into(), 0), ("p2".into(), 1)])
         );
+        // CRI-O names no chain: an adopted podman record is never found absent.
+        let AdoptedChains::Loaded(chains) = &j.adopted else {
+            panic!("{:?}", j.adopted)
+        };
+        assert!(!chains.contains_key("podman"), "{chains:?}");
 
         // Any runtime silent: nothing judged, whatever the others said.
         let c = merge(
@@ -421,7 +484,9 @@ mod tests {
             Served::Any,
             100,
         );
-        assert_eq!(nets(&c.judgement.unwrap()), ["podman", "pods"]);
+        let j = c.judgement.unwrap();
+        assert_eq!(nets(&j), ["podman", "pods"]);
+        assert_eq!(j.adopted, AdoptedChains::Any);
         assert!(merge(Vec::new(), &wanted, Served::Any, 100)
             .judgement
             .is_none());

@@ -82,6 +82,10 @@ pub struct Record {
     /// The libcni cache file an adopted record came from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_file: Option<String>,
+    /// An adopted record's `conflist::chain_digest` of the cached chain: a runtime's
+    /// sandbox list judges the record only if that runtime loads this very chain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain_digest: Option<String>,
 }
 
 impl Record {
@@ -181,6 +185,7 @@ pub(crate) fn sample() -> Record {
         gc: None,
         source: None,
         cache_file: None,
+        chain_digest: None,
     }
 }
 

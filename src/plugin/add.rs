@@ -124,6 +124,7 @@ fn record(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
         gc: None,
         source: None,
         cache_file: None,
+        chain_digest: None,
     };
     ledger.write(&rec).map_err(ledger_error)?;
     drop(guard);
