@@ -80,7 +80,8 @@ fn build_deb() -> PathBuf {
     let out = run_checked(
         Command::new(manifest.join("packaging/deb/build.sh"))
             .env("PATH", path)
-            .env("CARGO_TARGET_DIR", manifest.join("target/deb-test"))
+            // Shared with tests/vm_reboot.rs, settings and all: one build serves both.
+            .env("CARGO_TARGET_DIR", manifest.join("target/static-test"))
             .env("CARGO_PROFILE_RELEASE_LTO", "off")
             .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "0")
             .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "16")

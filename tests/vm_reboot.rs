@@ -124,8 +124,10 @@ fn guest_image() -> PathBuf {
     dir
 }
 
-/// The static release build install.sh makes, in its own target directory: the outer
-/// `cargo test` holds the lock of the usual one while tests run.
+/// The static build install.sh makes, in a target directory of the tests' own (the
+/// outer `cargo test` holds the lock of the usual one while tests run), shared with
+/// tests/deb.rs and with its quick release settings (no LTO, no optimisation: the same
+/// code, built in a third of the time), so whichever runs second builds nothing.
 fn static_release_binary() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let vv = Command::new("rustc")
@@ -136,7 +138,7 @@ fn static_release_binary() -> PathBuf {
         .lines()
         .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
         .expect("rustc -vV names the host target");
-    let target_dir = Path::new(REPO).join("target/vm-release");
+    let target_dir = Path::new(REPO).join("target/static-test");
     let flags = format!(
         "{} -C target-feature=+crt-static",
         std::env::var("RUSTFLAGS").unwrap_or_default()
@@ -145,6 +147,9 @@ fn static_release_binary() -> PathBuf {
         .current_dir(REPO)
         .args(["build", "--release", "--locked", "--target", &host])
         .env("CARGO_TARGET_DIR", &target_dir)
+        .env("CARGO_PROFILE_RELEASE_LTO", "off")
+        .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "0")
+        .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "16")
         .env("RUSTFLAGS", flags)
         .status()
         .expect("run cargo build");
