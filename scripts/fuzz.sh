@@ -13,7 +13,10 @@
 #
 # cargo-fuzz needs nightly rustc flags; on a stable toolchain RUSTC_BOOTSTRAP=1 makes
 # rustc accept them. AddressSanitizer is used when it builds, else no sanitizer
-# (FUZZ_SANITIZER=none|address forces one). Exits non-zero if any target fails.
+# (FUZZ_SANITIZER=none|address forces one). FUZZ_DEV=1 builds the targets unoptimised
+# (cargo fuzz --dev): half the build time, overflow checks and debug assertions on,
+# fewer inputs a second; the test command's short smoke run uses it. Exits non-zero if
+# any target fails.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -47,17 +50,19 @@ if [ ${#targets[@]} -eq 0 ]; then
 	mapfile -t targets < <(cd fuzz && cargo fuzz list)
 fi
 
+profile=()
+[ "${FUZZ_DEV:-0}" != 1 ] || profile=(--dev)
 sanitizer=${FUZZ_SANITIZER:-}
 if [ -z "$sanitizer" ]; then
 	echo "==> building fuzz targets with AddressSanitizer"
-	if (cd fuzz && cargo fuzz build -s address); then
+	if (cd fuzz && cargo fuzz build "${profile[@]}" -s address); then
 		sanitizer=address
 	else
 		echo "==> AddressSanitizer build failed; building without a sanitizer"
 		sanitizer=none
 	fi
 fi
-(cd fuzz && cargo fuzz build -s "$sanitizer")
+(cd fuzz && cargo fuzz build "${profile[@]}" -s "$sanitizer")
 
 declare -A execs
 status=0
@@ -67,7 +72,7 @@ for t in "${targets[@]}"; do
 	[ ! -d "testdata/fuzz-seeds/$t" ] || seeds=("$root/testdata/fuzz-seeds/$t")
 	log=$(mktemp)
 	echo "==> fuzzing $t for ${seconds}s (sanitizer: $sanitizer)"
-	if (cd fuzz && cargo fuzz run -s "$sanitizer" "$t" "corpus/$t" "${seeds[@]}" -- \
+	if (cd fuzz && cargo fuzz run "${profile[@]}" -s "$sanitizer" "$t" "corpus/$t" "${seeds[@]}" -- \
 		-max_total_time="$seconds" -print_final_stats=1 -timeout=10 \
 		-artifact_prefix="$root/fuzz/artifacts/$t/") >"$log" 2>&1; then
 		n=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)

@@ -81,7 +81,7 @@ cargo test --locked --features testing
 # FUZZ_SECONDS=0 skips it.
 if [ "${FUZZ_SECONDS:-10}" != 0 ]; then
 	say "fuzzing, ${FUZZ_SECONDS:-10}s per target"
-	FUZZ_SECONDS=${FUZZ_SECONDS:-10} bash scripts/fuzz.sh
+	FUZZ_SECONDS=${FUZZ_SECONDS:-10} FUZZ_DEV=${FUZZ_DEV:-1} bash scripts/fuzz.sh
 fi
 
 say "all checks passed"
