@@ -42,20 +42,24 @@ fn write_by_rename(path: &Path, doc: &Value) {
 }
 
 fn agent_args(f: &Fixture, bin_dir: &Path, extra: &[&str]) -> Vec<String> {
-    let mut v: Vec<String> = vec![
-        "--cni-bin-dir".into(),
-        bin_dir.display().to_string(),
-        "--conf-dir".into(),
-        f.conf_dir.display().to_string(),
-        "--ledger-dir".into(),
-        f.ledger_dir.display().to_string(),
-        "--cni-cache-dir".into(),
-        f.cache_dir.display().to_string(),
-        // A runtime this machine may run is not the test's.
-        "--cri-endpoint".into(),
-        "none".into(),
-    ];
+    let mut v = dir_args(bin_dir, &f.conf_dir, &f.ledger_dir, &f.cache_dir);
     v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+/// The agent's directories, and no CRI runtime: one this machine may run is not the test's.
+fn dir_args(bin: &Path, conf: &Path, ledger: &Path, cache: &Path) -> Vec<String> {
+    let mut v = Vec::new();
+    for (flag, dir) in [
+        ("--cni-bin-dir", bin),
+        ("--conf-dir", conf),
+        ("--ledger-dir", ledger),
+        ("--cni-cache-dir", cache),
+    ] {
+        v.push(flag.to_string());
+        v.push(dir.display().to_string());
+    }
+    v.extend(["--cri-endpoint".to_string(), "none".to_string()]);
     v
 }
 
@@ -453,21 +457,12 @@ fn a_single_plugin_conf_becomes_a_conflist_with_the_ledger_first() {
         json!({"cniVersion": "0.4.0", "name": "single", "type": "bridge", "bridge": "clsg0"});
     let orig = conf.join("10-single.conf");
     fs::write(&orig, serde_json::to_vec(&single).unwrap()).unwrap();
-    let args: Vec<String> = [
-        "--cni-bin-dir",
-        bin.to_str().unwrap(),
-        "--conf-dir",
-        conf.to_str().unwrap(),
-        "--ledger-dir",
-        tmp.path().join("ledger").to_str().unwrap(),
-        "--cni-cache-dir",
-        tmp.path().join("cache").to_str().unwrap(),
-        "--cri-endpoint",
-        "none",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let args = dir_args(
+        &bin,
+        &conf,
+        &tmp.path().join("ledger"),
+        &tmp.path().join("cache"),
+    );
     let log = tmp.path().join("agent.log");
     let mut agent = Agent::start(&ledger_bin(), &args, &log, None);
     let list = conf.join("10-single.conflist");
@@ -573,21 +568,12 @@ fn the_http_server_bounds_what_a_client_can_hold_and_changes_nothing() {
     let plain = json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "bridge", "bridge": "clhb0"}]});
     let file = conf.join("10-n.conflist");
     write_plain(&file, &plain);
-    let args: Vec<String> = [
-        "--cni-bin-dir",
-        bin.to_str().unwrap(),
-        "--conf-dir",
-        conf.to_str().unwrap(),
-        "--ledger-dir",
-        tmp.path().join("ledger").to_str().unwrap(),
-        "--cni-cache-dir",
-        tmp.path().join("cache").to_str().unwrap(),
-        "--cri-endpoint",
-        "none",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let args = dir_args(
+        &bin,
+        &conf,
+        &tmp.path().join("ledger"),
+        &tmp.path().join("cache"),
+    );
     let log = tmp.path().join("agent.log");
     let mut agent = Agent::start(&ledger_bin(), &args, &log, None);
     wait_for(2 * SECOND, || ledger_first(&file)).expect("never injected");

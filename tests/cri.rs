@@ -450,6 +450,47 @@ fn forget_system_cache_entries(id: &str) {
     }
 }
 
+/// The agent as a node runs it, on the fixture's bin, conf and ledger dirs and libcni's
+/// cache at `cache`: in `private`'s mount namespace (where containerd's default socket
+/// is) and the test host's network namespace, gc every second; `extra` after.
+fn start_agent(f: &Fixture, private: &PrivateRun, cache: &Path, extra: &[&str]) -> Agent {
+    let mut args = Vec::new();
+    for (flag, dir) in [
+        ("--cni-bin-dir", f.bin_dir.as_path()),
+        ("--conf-dir", f.conf_dir.as_path()),
+        ("--ledger-dir", f.ledger_dir.as_path()),
+        ("--cni-cache-dir", cache),
+    ] {
+        args.push(flag.to_string());
+        args.push(dir.display().to_string());
+    }
+    args.extend(
+        ["--gc-interval", "1"]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string()),
+    );
+    let log = f.tmp.path().join("agent.log");
+    Agent::start_in_mounts(&ledger_bin(), &args, &log, f.host.name(), &private.mnt())
+}
+
+/// The agent's metrics once they meet `cond`, within 30 s.
+fn wait_metrics(agent: &Agent, what: &str, cond: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let m = agent.metrics();
+        if cond(&m) {
+            return m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {m}\nagent log:\n{}",
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// The forgotten sandbox's address and DNAT are gone; the live one keeps its own.
 fn assert_only_wiped_released(f: &Fixture, wiped: &str, live: &str) {
     assert_eq!(f.ipam_addresses().len(), 1, "wiped's address not released");
@@ -629,51 +670,21 @@ fn agent_asks_containerd_at_its_default_socket() {
     assert!(foreign_record.exists(), "{}", f.log());
     std::thread::sleep(Duration::from_millis(2100)); // records older than any list below
 
-    let log = f.tmp.path().join("agent.log");
-    let args: Vec<String> = [
-        "--cni-bin-dir",
-        f.bin_dir.to_str().unwrap(),
-        "--conf-dir",
-        f.conf_dir.to_str().unwrap(),
-        "--conflist",
-        "all",
-        "--ledger-dir",
-        f.ledger_dir.to_str().unwrap(),
-        "--cni-cache-dir",
-        "/var/lib/cni",
-        "--grace",
-        "0",
-        "--gc-interval",
-        "1",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let mut agent =
-        Agent::start_in_mounts(&ledger_bin(), &args, &log, f.host.name(), &private.mnt());
+    let system_cache = Path::new("/var/lib/cni");
+    let mut agent = start_agent(
+        &f,
+        &private,
+        system_cache,
+        &["--conflist", "all", "--grace", "0"],
+    );
     let ep = r#"endpoint="unix:///run/containerd/containerd.sock""#;
     let up = format!("cni_ledger_cri_up{{{ep}}}");
     let sandboxes = format!("cni_ledger_cri_sandboxes{{{ep}}}");
     let unanswered = format!("cni_ledger_cri_unanswered_total{{{ep}}}");
     let runs = r#"cni_ledger_gc_runs_total{result="ok"}"#;
-    let wait_metrics = |what: &str, cond: &dyn Fn(&str) -> bool| {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let m = agent.metrics();
-            if cond(&m) {
-                return m;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{what}: {m}\nagent log:\n{}",
-                agent.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    };
 
     // Two gc runs with containerd's word: nothing is stale.
-    let m = wait_metrics("two gc runs judged by containerd", &|m| {
+    let m = wait_metrics(&agent, "two gc runs judged by containerd", |m| {
         sample(m, &up) == Some(1.0) && sample(m, runs).unwrap_or(0.0) >= 2.0
     });
     assert_eq!(sample(&m, &sandboxes), Some(2.0), "{m}");
@@ -717,7 +728,7 @@ fn agent_asks_containerd_at_its_default_socket() {
     // containerd crashes, its socket left behind: counted, and nothing judged by it.
     ctrd.crash();
     let before = sample(&agent.metrics(), runs).unwrap_or(0.0);
-    let m = wait_metrics("gc runs without an answer", &|m| {
+    let m = wait_metrics(&agent, "gc runs without an answer", |m| {
         sample(m, &up) == Some(0.0) && sample(m, runs).unwrap_or(0.0) >= before + 2.0
     });
     assert!(sample(&m, &unanswered).unwrap_or(0.0) >= 1.0, "{m}");
@@ -727,11 +738,13 @@ fn agent_asks_containerd_at_its_default_socket() {
 
     // Stopped cleanly, it takes its socket along: no runtime to ask, no stale gauge.
     let mut ctrd = Containerd::start_in(&f, &dir, Some(&private));
-    wait_metrics("containerd answering again", &|m| {
+    wait_metrics(&agent, "containerd answering again", |m| {
         sample(m, &up) == Some(1.0)
     });
     ctrd.stop();
-    wait_metrics("no runtime left to ask", &|m| sample(m, &up).is_none());
+    wait_metrics(&agent, "no runtime left to ask", |m| {
+        sample(m, &up).is_none()
+    });
     assert!(agent.log_text().contains("no CRI runtime to ask"));
     assert!(f.record_path(&live, "eth0").exists());
     assert!(agent.stop(20).success(), "{}", agent.log_text());
@@ -765,34 +778,11 @@ fn agent_leaves_out_a_containerd_without_cri() {
         );
     fs::write(dir.join("config.toml"), config).unwrap();
     let _ctrd = Containerd::start_in(&f, &dir, Some(&private));
-    let log = f.tmp.path().join("agent.log");
-    let args: Vec<String> = [
-        "--cni-bin-dir",
-        f.bin_dir.to_str().unwrap(),
-        "--conf-dir",
-        f.conf_dir.to_str().unwrap(),
-        "--ledger-dir",
-        f.ledger_dir.to_str().unwrap(),
-        "--cni-cache-dir",
-        f.cache_dir.to_str().unwrap(),
-        "--gc-interval",
-        "1",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let mut agent =
-        Agent::start_in_mounts(&ledger_bin(), &args, &log, f.host.name(), &private.mnt());
+    let mut agent = start_agent(&f, &private, &f.cache_dir, &[]);
     let runs = r#"cni_ledger_gc_runs_total{result="ok"}"#;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let m = loop {
-        let m = agent.metrics();
-        if sample(&m, runs).unwrap_or(0.0) >= 2.0 {
-            break m;
-        }
-        assert!(Instant::now() < deadline, "{m}\n{}", agent.log_text());
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let m = wait_metrics(&agent, "two gc runs", |m| {
+        sample(m, runs).unwrap_or(0.0) >= 2.0
+    });
     let text = agent.log_text();
     assert!(
         text.contains("unix:///run/containerd/containerd.sock serves no CRI RuntimeService"),
@@ -834,37 +824,12 @@ fn agent_releases_an_adopted_sandbox_containerd_forgot() {
     assert_eq!(f.ipam_addresses().len(), 1);
     std::thread::sleep(Duration::from_millis(2100)); // older than any list below
 
-    let log = f.tmp.path().join("agent.log");
-    let args: Vec<String> = [
-        "--cni-bin-dir",
-        f.bin_dir.to_str().unwrap(),
-        "--conf-dir",
-        f.conf_dir.to_str().unwrap(),
-        "--ledger-dir",
-        f.ledger_dir.to_str().unwrap(),
-        "--cni-cache-dir",
-        "/var/lib/cni",
-        "--grace",
-        "0",
-        "--gc-interval",
-        "1",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let mut agent =
-        Agent::start_in_mounts(&ledger_bin(), &args, &log, f.host.name(), &private.mnt());
+    let mut agent = start_agent(&f, &private, Path::new("/var/lib/cni"), &["--grace", "0"]);
     let record = f.record_path(&early, "eth0");
     let runs = r#"cni_ledger_gc_runs_total{result="ok"}"#;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !(record.exists() && sample(&agent.metrics(), runs).unwrap_or(0.0) >= 3.0) {
-        assert!(
-            Instant::now() < deadline,
-            "not adopted, or too few gc runs:\n{}",
-            agent.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_metrics(&agent, "adopted, and three gc runs", |m| {
+        record.exists() && sample(m, runs).unwrap_or(0.0) >= 3.0
+    });
     let doc: Value = serde_json::from_slice(&fs::read(&record).unwrap()).unwrap();
     assert_eq!(doc["record"]["source"], json!("adopted"), "{doc:#}");
     assert!(doc["record"]["chainDigest"].is_string(), "{doc:#}");
