@@ -8,6 +8,7 @@
 //! began is from an earlier boot (`boot-changed`); otherwise the record is live until
 //! the runtime's valid set says otherwise. An existing record is never touched.
 
+use crate::cni::config::DEFAULT_PLUGIN_TYPE;
 use crate::gc::libcni_cache::{self, CacheEntry};
 use crate::ledger::{Decoded, Key, Ledger, Record, Wait};
 use crate::sandbox::{self, Probe};
@@ -197,7 +198,7 @@ pub fn record_for(entry: &CacheEntry, boot: &str, booted_at: i64, cni_path: &str
         cni_version: entry.cni_version.clone(),
         runtime_config: entry.capability_args.clone(),
         // Not in the cached chain (or it would have a record); skipped on replay if it is.
-        ledger_type: "cni-ledger".into(),
+        ledger_type: DEFAULT_PLUGIN_TYPE.into(),
         snapshot: None,
         conf_file: None,
         // When libcni finished the ADD: grace and age count from there.
@@ -207,7 +208,7 @@ pub fn record_for(entry: &CacheEntry, boot: &str, booted_at: i64, cni_path: &str
         source: Some(SOURCE_ADOPTED.into()),
         cache_file: Some(entry.path.display().to_string()),
         chain_digest: crate::conflist::parse(&entry.config_bytes)
-            .map(|list| crate::conflist::chain_digest(&list, "cni-ledger")),
+            .map(|list| crate::conflist::chain_digest(&list, DEFAULT_PLUGIN_TYPE)),
     }
 }
 

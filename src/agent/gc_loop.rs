@@ -99,11 +99,7 @@ fn consult(opts: &Options, endpoints: &[String]) -> crate::cri::Consulted {
         (opts.cri_networks.clone(), Served::Any)
     };
     if networks.is_empty() {
-        return crate::cri::Consulted {
-            judgement: None,
-            answers: Vec::new(),
-            not_cri: Vec::new(),
-        };
+        return crate::cri::Consulted::default();
     }
     let discovered = opts.cri == CriEndpoints::Auto;
     crate::cri::consult(endpoints, &networks, served, discovered, CRI_TIMEOUT)

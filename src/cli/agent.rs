@@ -37,7 +37,7 @@ pub struct Args {
     #[arg(long)]
     uninstall: bool,
     /// The ledger's plugin type (its binary name in the CNI bin dir).
-    #[arg(long = "type", default_value = "cni-ledger")]
+    #[arg(long = "type", default_value = crate::cni::config::DEFAULT_PLUGIN_TYPE)]
     plugin_type: String,
     #[command(flatten)]
     replay: super::replay_flags::ReplayFlags,

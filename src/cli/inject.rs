@@ -19,7 +19,7 @@ pub struct Args {
     #[arg(long)]
     dry_run: bool,
     /// The ledger's plugin type (its binary name in the CNI bin dir).
-    #[arg(long = "type", default_value = "cni-ledger")]
+    #[arg(long = "type", default_value = crate::cni::config::DEFAULT_PLUGIN_TYPE)]
     plugin_type: String,
     /// Write this `ledgerDir` into the entry (default: the plugin's default).
     #[arg(long)]

@@ -8,6 +8,8 @@ use std::path::PathBuf;
 
 pub const DEFAULT_LEDGER_DIR: &str = "/var/lib/cni-ledger";
 pub const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";
+/// The ledger's plugin type: its binary's name in the CNI bin dir.
+pub const DEFAULT_PLUGIN_TYPE: &str = "cni-ledger";
 /// libcni's default cache dir (its results/ hold prevResult and the config as loaded).
 pub const DEFAULT_CNI_CACHE_DIR: &str = "/var/lib/cni";
 /// How long ADD/DEL wait for an attachment a gc replay holds (`lockTimeoutMs`).
@@ -118,7 +120,9 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
         // skel's decoder treats a missing version as 0.1.0, which no one supports today.
         cni_version: raw.cni_version.unwrap_or_else(|| "0.1.0".into()),
         name,
-        plugin_type: raw.plugin_type.unwrap_or_else(|| "cni-ledger".into()),
+        plugin_type: raw
+            .plugin_type
+            .unwrap_or_else(|| DEFAULT_PLUGIN_TYPE.into()),
         ledger_dir: raw
             .ledger_dir
             .unwrap_or_else(|| PathBuf::from(DEFAULT_LEDGER_DIR)),

@@ -108,7 +108,7 @@ fn loaded(info: &HashMap<String, String>) -> Option<Loaded> {
             let list = crate::conflist::parse(source.as_bytes())?;
             Some((
                 name.to_string(),
-                crate::conflist::chain_digest(&list, "cni-ledger"),
+                crate::conflist::chain_digest(&list, crate::cni::config::DEFAULT_PLUGIN_TYPE),
             ))
         })
         .collect();
@@ -141,7 +141,7 @@ pub struct Answer {
     pub sandboxes: Option<usize>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Consulted {
     /// None unless every endpoint answered and some network is left to judge.
     pub judgement: Option<Judgement>,
@@ -261,7 +261,7 @@ fn merge(
     Consulted {
         judgement,
         answers,
-        not_cri: Vec::new(),
+        ..Consulted::default()
     }
 }
 
