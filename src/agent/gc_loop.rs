@@ -6,10 +6,7 @@
 use super::{conf, CriEndpoints, Options, Shared, Stop};
 use crate::ledger::Ledger;
 use std::path::Path;
-use std::time::{Duration, Instant};
-
-/// How long a CRI runtime has to answer.
-const CRI_TIMEOUT: Duration = Duration::from_secs(10);
+use std::time::Instant;
 
 pub fn run(shared: &Shared, opts: &Options, stop: &Stop) {
     let mut seen = Seen::default();
@@ -102,5 +99,11 @@ fn consult(opts: &Options, endpoints: &[String]) -> crate::cri::Consulted {
         return crate::cri::Consulted::default();
     }
     let discovered = opts.cri == CriEndpoints::Auto;
-    crate::cri::consult(endpoints, &networks, served, discovered, CRI_TIMEOUT)
+    crate::cri::consult(
+        endpoints,
+        &networks,
+        served,
+        discovered,
+        crate::cri::TIMEOUT,
+    )
 }

@@ -50,9 +50,6 @@ pub struct Args {
     metrics_file: Option<PathBuf>,
 }
 
-/// How long the CRI runtime has to answer ListPodSandbox.
-pub const CRI_TIMEOUT: Duration = Duration::from_secs(10);
-
 fn read_valid(path: &PathBuf) -> Result<HashSet<(String, String)>> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let list = serde_json::from_slice(&bytes)
@@ -91,14 +88,15 @@ pub fn run(args: Args) -> Result<i32> {
             &args.cri_network,
             crate::cri::Served::Any,
             false,
-            CRI_TIMEOUT,
+            crate::cri::TIMEOUT,
         );
         opts.cri = consulted.judgement;
         answers = consulted.answers;
+        let sandboxes = answers.first().and_then(|a| a.sandboxes);
         cri = Some(gc::CriSummary {
             endpoint: endpoint.clone(),
-            answered: opts.cri.is_some(),
-            sandboxes: opts.cri.as_ref().map(|j| j.sandboxes.len()),
+            answered: sandboxes.is_some(),
+            sandboxes,
         });
     }
     let started = std::time::Instant::now();

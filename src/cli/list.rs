@@ -201,7 +201,7 @@ pub fn run(args: Args) -> Result<i32> {
     let cri = match &args.cri_endpoint {
         Some(endpoint) => {
             crate::cri::socket_path(endpoint)?;
-            let j = crate::cri::judgement(endpoint, &args.cri_network, super::gc::CRI_TIMEOUT);
+            let j = crate::cri::judgement(endpoint, &args.cri_network, crate::cri::TIMEOUT);
             if j.is_none() {
                 eprintln!("cni-ledger: {endpoint} did not answer; runtime state not shown");
             }

@@ -20,6 +20,9 @@ use std::time::Duration;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+/// How long a CRI runtime has to answer (gc, list and the agent alike).
+pub const TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Largest ListPodSandbox answer accepted: some 100,000 sandboxes.
 const MAX_RESPONSE: usize = 64 << 20;
 
