@@ -45,11 +45,17 @@ for p in "${packages[@]}"; do
 	status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) || status=
 	[ "$status" = "install ok installed" ] || missing+=("$p")
 done
+# A backports qemu-utils without its qemu-system: the pair must be installed together.
+if [ "$(dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null)" != "$(dpkg-query -W -f='${Version}' qemu-system-x86 2>/dev/null)" ]; then
+	missing+=(qemu-utils)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
 	say "installing test dependencies: ${missing[*]}"
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get update
-	apt-get install -y "${packages[@]}"
+	# Machines of this kind may come with a newer qemu-utils (backports) that breaks
+	# bookworm's qemu-system-x86: take both from bookworm, one matching pair.
+	apt-get install -y --allow-downgrades "${packages[@]/#qemu-utils/qemu-utils/bookworm}"
 fi
 
 # tests/deb.rs builds the Debian package with cargo-deb (a few minutes to compile, once).
