@@ -203,6 +203,7 @@ pub fn record_for(entry: &CacheEntry, boot: &str, booted_at: i64, cni_path: &str
         conf_file: None,
         // When libcni finished the ADD: grace and age count from there.
         created_at: crate::time::rfc3339(entry.written_at),
+        created_boot_secs: None,
         add_id: format!("adopted-{:x}-{:x}", entry.written_at, std::process::id()),
         gc: None,
         source: Some(SOURCE_ADOPTED.into()),
@@ -276,7 +277,7 @@ mod tests {
         let live = record_for(&entry("/proc/self/ns/net", 1), "b", 100, "/opt/cni/bin");
         assert!(live.netns_id.is_some());
         assert_eq!(judged(&live), None);
-        let gone = record_for(&entry("/nonexistent/netns", 1), "b", 100, "/opt/cni/bin");
+        let gone = record_for(&entry("/run/nonexistent-netns", 1), "b", 100, "/opt/cni/bin");
         assert_eq!(judged(&gone), Some("netns-missing"));
         assert_eq!(gone.source.as_deref(), Some("adopted"));
         assert_eq!(

@@ -72,6 +72,9 @@ pub struct Status {
     pub ledger_error: Option<String>,
     /// The first reconcile has run.
     pub checked: bool,
+    /// Why the last gc run judged nothing by the CRI runtimes' list, when it did not
+    /// (kept by the gc loop in `Shared::cri_refused`, filled in by `Shared::status`).
+    pub cri_refused: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -126,6 +129,10 @@ impl Status {
                 lines.push(format!("FAIL ledger dir: {e}"));
             }
         }
+        // Not a readiness failure: the agent is doing its job by refusing.
+        if let Some(why) = &self.cri_refused {
+            lines.push(format!("WARN cri: {why}"));
+        }
         let mut body = lines.join("\n");
         body.push('\n');
         (ok, body)
@@ -135,12 +142,17 @@ impl Status {
 /// State shared by the agent's threads. The server only reads it.
 pub struct Shared {
     pub metrics: metrics::Metrics,
+    /// Written by the watcher, a whole pass at a time.
     pub status: Mutex<Status>,
+    /// Written by the gc loop after each run.
+    pub cri_refused: Mutex<Option<String>>,
 }
 
 impl Shared {
     pub fn status(&self) -> Status {
-        self.status.lock().map(|s| s.clone()).unwrap_or_default()
+        let mut status = self.status.lock().map(|s| s.clone()).unwrap_or_default();
+        status.cri_refused = self.cri_refused.lock().ok().and_then(|r| r.clone());
+        status
     }
 }
 
@@ -263,6 +275,7 @@ pub fn run(mut opts: Options) -> Result<i32> {
     let shared = Arc::new(Shared {
         metrics: metrics::Metrics::new(),
         status: Mutex::new(Status::default()),
+        cri_refused: Mutex::new(None),
     });
     let stop = Arc::new(Stop::new()?);
     opts.gc.stop = Some(stop.flag());
@@ -319,6 +332,7 @@ mod tests {
             conf_error: None,
             ledger_error: None,
             checked: true,
+            cri_refused: None,
         }
     }
 

@@ -81,7 +81,7 @@ pub fn run(args: Args) -> Result<i32> {
     crate::logging::init(args.log_file.as_deref());
     let mut gc = crate::gc::Options::new(args.ledger_dir);
     gc.conf_dir = Some(args.conf_dir.clone());
-    args.replay.apply(&mut gc);
+    args.replay.apply(&mut gc)?;
     agent::run(agent::Options {
         bin_dirs: args.bin_dirs,
         conf_dir: args.conf_dir,

@@ -76,7 +76,7 @@ pub fn run(args: Args) -> Result<i32> {
         .map(read_valid)
         .transpose()?;
     opts.conf_dir = args.conf_dir;
-    args.replay.apply(&mut opts);
+    args.replay.apply(&mut opts)?;
     // The runtime's list is fetched before the scan, so a record is never judged by a
     // list older than itself (and records made since are not judged by it at all).
     let mut cri = None;
@@ -166,6 +166,9 @@ fn print_human(r: &Report) {
                 c.endpoint
             ),
         }
+    }
+    if let Some(why) = &r.cri_refused {
+        println!("cri: {why}");
     }
     if !r.records.is_empty() {
         let rows: Vec<Vec<String>> = r

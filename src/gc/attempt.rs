@@ -184,7 +184,6 @@ fn del_chain(
         capability_args: &caps,
         prev_result: cached.and_then(|c| c.result.as_ref()),
         timeout: opts.timeout,
-        root: opts.plugin_root.as_deref(),
     };
     let outcomes = replay::replay_del(config, &rec.ledger_type, &inv);
     // The ledger's own DEL, skipped in the chain, runs last: its device return too.

@@ -148,6 +148,10 @@ pub struct Report {
     pub damaged: Vec<DamagedReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cri: Option<CriSummary>,
+    /// Why the CRI runtime's list judged nothing this run, when its answer could not
+    /// be right (`gc::runtime_refusal`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cri_refused: Option<String>,
 }
 
 /// Whether the CRI runtime (`--cri-endpoint`) answered, and with how many sandboxes.
