@@ -67,6 +67,8 @@ evict() {
 	local ipt
 	ipt=$(readlink -f "$(command -v iptables)")
 	files+=("$ipt" $(ldd "$ipt" | awk '$3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }'))
+	# and the extensions it loads at run time (comment, mark, multiport...)
+	files+=(/usr/lib/*/xtables/*.so)
 	python3 -c 'import os, sys
 for f in sys.argv[1:]:
     fd = os.open(f, os.O_RDONLY)
