@@ -166,6 +166,7 @@ impl<'a> Watcher<'a> {
 
     pub fn run(mut self, stop: &Stop) {
         loop {
+            self.shared.liveness.beat(&self.shared.liveness.watch);
             self.arm();
             let wake = self.reconcile();
             let now = Instant::now();
