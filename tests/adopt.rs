@@ -288,6 +288,8 @@ fn adopted_attachments_are_judged_and_replayed_from_the_cached_conflist() {
     let (out, rep) = f.gc(&[
         "--grace",
         "0",
+        "--network",
+        &f.network,
         "--valid-attachments",
         valid.to_str().unwrap(),
     ]);

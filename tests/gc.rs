@@ -748,11 +748,35 @@ fn valid_attachments_file_replays_exactly_the_unlisted_one() {
     assert_eq!(code, 0);
     assert_eq!(rep["summary"]["live"], json!(3), "{rep:#}");
 
+    // A list names no network: without --network it would make every other network's
+    // records stale too, so it is refused before anything is judged.
+    let before = tree_state(&f.ledger_dir);
+    let (out, _) = f.gc(&[
+        "--grace",
+        "0",
+        "--valid-attachments",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(exit_code(&out), 2, "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--network"),
+        "{}",
+        describe(&out)
+    );
+    assert_eq!(tree_state(&f.ledger_dir), before);
+    assert!(
+        probe_calls(&f, "DEL", "c-c").is_empty(),
+        "{}",
+        probe_log(&f)
+    );
+
     let (code, rep, out) = gc_json(
         &f,
         &[
             "--grace",
             "0",
+            "--network",
+            &f.network,
             "--valid-attachments",
             file.to_str().unwrap(),
         ],

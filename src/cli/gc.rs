@@ -27,9 +27,11 @@ pub struct Args {
     network: Option<String>,
     #[command(flatten)]
     replay: super::replay_flags::ReplayFlags,
-    /// JSON array of {"containerID","ifname"} still valid; unlisted records of the
-    /// network(s) concerned are stale.
-    #[arg(long, value_name = "FILE")]
+    /// JSON array of {"containerID","ifname"} still valid in the --network NAME it
+    /// requires: that network's unlisted records are stale, no other network's.
+    // A list names no network: applied to all, it would make every record of every
+    // other network stale at once.
+    #[arg(long, value_name = "FILE", requires = "network")]
     valid_attachments: Option<PathBuf>,
     /// Where to look for today's conflist when neither snapshot nor cache has one.
     #[arg(long, value_name = "DIR")]
