@@ -222,9 +222,9 @@ fn create(ledger: &Ledger, key: &Key, rec: &Record, entry: &CacheEntry) -> Resul
     };
     match ledger.read(&stem)? {
         None => {}
-        Some(Decoded::Ok(_) | Decoded::Newer(_) | Decoded::Damaged(..)) => {
-            return Ok(AdoptAction::Exists)
-        }
+        Some(
+            Decoded::Ok(_) | Decoded::Newer(_) | Decoded::Damaged(..) | Decoded::Unreadable(_),
+        ) => return Ok(AdoptAction::Exists),
     }
     // As in ADD: the snapshot guard is held until the record naming it is durable.
     let guard = ledger.snapshot_guard_shared()?;

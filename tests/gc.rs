@@ -1144,3 +1144,86 @@ fn symlink_in_records_is_reported_damaged_and_not_followed() {
     );
     assert!(q.starts_with(f.quarantine_dir().to_str().unwrap()), "{q}");
 }
+
+/// `gc --json --cni-cache-dir ... <args>` with reading the record file `name` failing
+/// with `errno` (the `testing` build's fault hook), as a failing disk (EIO), an
+/// exhausted fd table (EMFILE) or memory (ENOMEM) would make it.
+fn gc_with_read_errno(f: &Fixture, errno: i32, name: &str, args: &[&str]) -> Output {
+    let cache = f.cache_dir.to_string_lossy().into_owned();
+    let mut all = vec!["gc", "--cni-cache-dir", cache.as_str()];
+    all.extend_from_slice(args);
+    let mut c = f.ledger_cmd(&all);
+    c.env("CNI_LEDGER_TEST_READ_ERRNO", format!("{errno}:{name}"));
+    c.output().unwrap()
+}
+
+#[test]
+fn a_record_that_cannot_be_read_is_left_in_place_and_reported_unreadable() {
+    let f = fixture_with(
+        true,
+        vec![json!({"type": PROBE, "logFile": "{tmp}/probe.log"})],
+    );
+    let mut ns = Netns::new();
+    let cid = "c-eio";
+    let ip = add_ok(&f, cid, &ns, None);
+    ns.delete();
+    let rec = f.record_path(cid, "eth0");
+    let name = rec.file_name().unwrap().to_str().unwrap().to_string();
+    let bytes = fs::read(&rec).unwrap();
+
+    for (errno, text) in [
+        (5, "Input/output error"),
+        (24, "Too many open files"),
+        (12, "Cannot allocate memory"),
+    ] {
+        let out = gc_with_read_errno(&f, errno, &name, &["--json", "--grace", "0"]);
+        let rep: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("no JSON report ({e}): {}", describe(&out)));
+        // Left for later: not damage, not clean either.
+        assert_eq!(exit_code(&out), 1, "{}", describe(&out));
+        assert_eq!(rep["summary"]["damaged"], json!(0), "{rep:#}");
+        assert_eq!(rep["summary"]["unreadable"], json!(1), "{rep:#}");
+        assert!(rep["damaged"].as_array().unwrap().is_empty(), "{rep:#}");
+        let u = &rep["unreadable"][0];
+        assert_eq!(u["file"], json!(rec.display().to_string()), "{rep:#}");
+        assert!(u["error"].as_str().unwrap().contains(text), "{rep:#}");
+        assert!(rep["records"].as_array().unwrap().is_empty(), "{rep:#}");
+        // The record is where it was, byte for byte; nothing went to quarantine.
+        assert_eq!(fs::read(&rec).unwrap(), bytes, "errno {errno}");
+        assert!(
+            f.quarantine_files().is_empty(),
+            "{:?}",
+            f.quarantine_files()
+        );
+        assert!(probe_calls(&f, "DEL", cid).is_empty(), "{}", probe_log(&f));
+        assert!(ipam_file(&f, &ip).exists());
+    }
+    // The human summary says so too, and `list` leaves it as well.
+    let out = gc_with_read_errno(&f, 5, &name, &["--grace", "0"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(", damaged 0, unreadable 1\n"), "{text}");
+    assert!(
+        text.contains(&format!("unreadable: {}", rec.display())),
+        "{text}"
+    );
+    let mut c = f.ledger_cmd(&["list", "--json"]);
+    c.env("CNI_LEDGER_TEST_READ_ERRNO", format!("5:{name}"));
+    let out = c.output().unwrap();
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows[0]["state"], json!("unknown"), "{rows:#}");
+    assert_eq!(rows[0]["reason"], json!("unreadable"), "{rows:#}");
+    assert_eq!(fs::read(&rec).unwrap(), bytes);
+    assert!(f.quarantine_files().is_empty());
+
+    // Readable again: the next run judges and releases it.
+    let (code, rep, out) = gc_json(&f, &["--grace", "0"]);
+    assert_eq!(code, 0, "{}", describe(&out));
+    assert_eq!(
+        report_rec(&rep, cid)["action"],
+        json!("replayed"),
+        "{rep:#}"
+    );
+    assert!(rep.get("unreadable").is_none(), "{rep:#}");
+    assert!(!ipam_file(&f, &ip).exists());
+    assert!(!rec.exists());
+}

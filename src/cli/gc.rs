@@ -148,8 +148,13 @@ fn print_human(r: &Report) {
     } else {
         ("replayed", s.replayed)
     };
+    // The unreadable count only when there are some: the line stays as it always was.
+    let unreadable = match s.unreadable {
+        0 => String::new(),
+        n => format!(", unreadable {n}"),
+    };
     println!(
-        "{}stale {}, {} {}, retrying {}, failed {}, skipped {}, live {}, damaged {}",
+        "{}stale {}, {} {}, retrying {}, failed {}, skipped {}, live {}, damaged {}{unreadable}",
         if r.dry_run { "dry run: " } else { "" },
         s.stale,
         done,
@@ -223,6 +228,12 @@ fn print_human(r: &Report) {
                 "DETAIL",
             ],
             &rows,
+        );
+    }
+    for u in &r.unreadable {
+        println!(
+            "unreadable: {} ({}); left in place, read again next run",
+            u.file, u.error
         );
     }
     for d in &r.damaged {
