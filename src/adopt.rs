@@ -51,6 +51,9 @@ pub enum AdoptAction {
     Busy,
     /// A record was made meanwhile (counted as already recorded, not listed).
     Exists,
+    /// The cache entry was removed meanwhile, by a gc that released the attachment
+    /// (not listed).
+    Gone,
 }
 
 impl AdoptAction {
@@ -60,6 +63,7 @@ impl AdoptAction {
             AdoptAction::WouldAdopt => "would-adopt",
             AdoptAction::Busy => "busy",
             AdoptAction::Exists => "exists",
+            AdoptAction::Gone => "gone",
         }
     }
 }
@@ -145,9 +149,13 @@ pub fn run(opts: &Options) -> Result<Report> {
         } else {
             create(&ledger, &key, &rec, &entry)?
         };
-        if action == AdoptAction::Exists {
-            report.already_recorded += 1;
-            continue;
+        match action {
+            AdoptAction::Exists => {
+                report.already_recorded += 1;
+                continue;
+            }
+            AdoptAction::Gone => continue,
+            AdoptAction::Adopted | AdoptAction::WouldAdopt | AdoptAction::Busy => {}
         }
         crate::info!(
             "adopt: {key}: {action} from {} ({})",
@@ -212,8 +220,10 @@ pub fn record_for(entry: &CacheEntry, boot: &str, booted_at: i64, cni_path: &str
     }
 }
 
-/// Writes the record under the key's lock, only if there still is none: an ADD or
-/// another adopt may have made one since the first look.
+/// Writes the record under the key's lock, only if there still is none and the cache
+/// entry is still there: an ADD or another adopt may have made a record since the first
+/// look, and a gc may have released the attachment (it removes the record and then the
+/// cache entry before letting go of the key).
 fn create(ledger: &Ledger, key: &Key, rec: &Record, entry: &CacheEntry) -> Result<AdoptAction> {
     let stem = key.stem();
     let Some(_lock) = ledger.lock(&stem, Wait::Upto(Duration::from_secs(5)))? else {
@@ -225,6 +235,14 @@ fn create(ledger: &Ledger, key: &Key, rec: &Record, entry: &CacheEntry) -> Resul
         Some(
             Decoded::Ok(_) | Decoded::Newer(_) | Decoded::Damaged(..) | Decoded::Unreadable(_),
         ) => return Ok(AdoptAction::Exists),
+    }
+    match std::fs::symlink_metadata(&entry.path) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            crate::info!("adopt: {key}: cache entry removed meanwhile (released); not adopted");
+            return Ok(AdoptAction::Gone);
+        }
+        Err(e) => return Err(e).with_context(|| format!("re-checking {}", entry.path.display())),
     }
     // As in ADD: the snapshot guard is held until the record naming it is durable.
     let guard = ledger.snapshot_guard_shared()?;
@@ -284,6 +302,25 @@ mod tests {
             Some("/var/lib/cni/results/pods-abc-eth0")
         );
         assert_eq!(gone.created_at, "1970-01-01T00:00:01Z");
+    }
+
+    #[test]
+    fn a_cache_entry_removed_before_the_lock_is_not_adopted() {
+        let root = std::env::temp_dir().join(format!("cl-adopt-gone-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let ledger = Ledger::open_for_write(&root).unwrap();
+        // The entry as listed, then released by a gc before adopt took the key.
+        let e = entry("", 100);
+        let key = Key {
+            network: e.network.clone(),
+            container_id: e.container_id.clone(),
+            ifname: e.ifname.clone(),
+        };
+        let rec = record_for(&e, "b", 100, "/opt/cni/bin");
+        assert!(!e.path.exists());
+        assert_eq!(create(&ledger, &key, &rec, &e).unwrap(), AdoptAction::Gone);
+        assert!(ledger.read(&key.stem()).unwrap().is_none());
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

@@ -1227,3 +1227,31 @@ fn a_record_that_cannot_be_read_is_left_in_place_and_reported_unreadable() {
     assert!(!ipam_file(&f, &ip).exists());
     assert!(!rec.exists());
 }
+
+#[test]
+fn the_cache_entry_is_gone_before_the_key_is_released() {
+    // Once gc lets go of the key, an adopt that finds no record must find no cache
+    // entry of the attachment just released either (or it would adopt it again).
+    let f = fixture_with(false, vec![]);
+    let mut ns = Netns::new();
+    let cid = "c-order";
+    let ip = add_ok(&f, cid, &ns, None);
+    ns.delete();
+    let cache = f.cache_result_path(cid, "eth0");
+    assert!(cache.exists(), "libcni cached nothing");
+    let cache_dir = f.cache_dir.to_string_lossy().into_owned();
+    let mut c = f.ledger_cmd(&["gc", "--cni-cache-dir", &cache_dir, "--grace", "0"]);
+    // Killed the moment the key is released: what is on disk then is what an adopt
+    // taking the key next would see.
+    c.env("CNI_LEDGER_TEST_CRASH_AT", "gc.key-released");
+    let out = c.output().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&out.status),
+        Some(9),
+        "not killed at the crash point: {}",
+        describe(&out)
+    );
+    assert!(!f.record_path(cid, "eth0").exists());
+    assert!(!cache.exists(), "the cache entry outlived the key lock");
+    assert!(!ipam_file(&f, &ip).exists());
+}
