@@ -4,9 +4,11 @@
 //!
 //! Liveness errs towards live, as everywhere: with a cached netns path (libcni 1.2 on),
 //! the namespace found there now is the record's identity, and nothing there makes it
-//! stale (`netns-missing`); without one, a cache file last written before this boot
-//! began is from an earlier boot (`boot-changed`); otherwise the record is live until
-//! the runtime's valid set says otherwise. An existing record is never touched.
+//! stale (`netns-missing`), whatever the file's date; without one, a cache file last
+//! written before this boot began (by the earliest reading of that, `boot_began`: the
+//! clock may have been stepped since) is from an earlier boot (`boot-changed`);
+//! otherwise the record is live until the runtime's valid set says otherwise. An
+//! existing record is never touched.
 
 use crate::cni::config::DEFAULT_PLUGIN_TYPE;
 use crate::gc::libcni_cache::{self, CacheEntry};
@@ -92,13 +94,48 @@ pub struct Report {
     pub unusable: Vec<Unusable>,
 }
 
-/// When the current boot began (Unix seconds), from `btime` in /proc/stat.
+/// When the current boot began (Unix seconds), from `btime` in /proc/stat: the clock
+/// now less the time since boot, so a step of the clock moves it too.
 pub fn boot_time() -> Result<i64> {
+    if let Some(t) = crate::faults::btime_override() {
+        return Ok(t);
+    }
     let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
     stat.lines()
         .find_map(|l| l.strip_prefix("btime "))
         .and_then(|v| v.trim().parse().ok())
         .context("no btime in /proc/stat")
+}
+
+/// Directories whose filesystem is made anew at every boot (devtmpfs by the kernel
+/// itself, tmpfs by early boot), so their birth time is a reading of the clock as the
+/// boot began.
+const BOOT_FRESH_DIRS: &[&str] = &["/dev", "/run"];
+
+/// The earliest this boot can have begun (Unix seconds), for judging a cache file by its
+/// date. `btime` alone moves with the clock: stepped forward after boot (a first NTP
+/// sync on a node without a good RTC, a VM resumed from a snapshot), it would pass the
+/// files this boot wrote before the step and make their pods "from an earlier boot".
+/// The births of /dev and /run were stamped by the clock as it was then; the earliest
+/// of all is taken. Each can only move the line back, towards "this boot" (live).
+pub fn boot_began() -> Result<i64> {
+    let btime = boot_time()?;
+    Ok(BOOT_FRESH_DIRS
+        .iter()
+        .filter_map(|d| born_this_boot(d))
+        .fold(btime, i64::min))
+}
+
+/// The birth time of `dir`, when it is the root of a tmpfs (devtmpfs is one too) and
+/// the kernel keeps birth times there: a /dev on disk was born at install, not at boot.
+fn born_this_boot(dir: &str) -> Option<i64> {
+    let fs = nix::sys::statfs::statfs(dir).ok()?;
+    if fs.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC {
+        return None;
+    }
+    let born = std::fs::metadata(dir).ok()?.created().ok()?;
+    let secs = born.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs();
+    i64::try_from(secs).ok().filter(|&s| s > 0)
 }
 
 pub fn run(opts: &Options) -> Result<Report> {
@@ -117,7 +154,7 @@ pub fn run(opts: &Options) -> Result<Report> {
         ledger.check_trusted()?;
     }
     let boot = sandbox::boot_id().context("reading the boot ID")?;
-    let booted_at = boot_time()?;
+    let booted_at = boot_began()?;
     for path in files {
         let entry = match libcni_cache::read_entry(&path) {
             Ok(e) => e,
@@ -178,8 +215,9 @@ pub fn run(opts: &Options) -> Result<Report> {
 /// The record an adoption makes; judged by the same rules as every other record.
 pub fn record_for(entry: &CacheEntry, boot: &str, booted_at: i64, cni_path: &str) -> Record {
     let (netns_id, boot_id) = if entry.netns.is_empty() {
-        // No namespace to look at: the file's date is the only evidence of its boot. The
-        // earlier boot's ID is unknown; any other value than this boot's says so.
+        // No namespace to look at: the file's date is the only evidence of its boot,
+        // against the earliest the boot can have begun (`boot_began`). The earlier
+        // boot's ID is unknown; any other value than this boot's says so.
         let boot_id = if entry.written_at < booted_at {
             String::new()
         } else {
@@ -187,8 +225,10 @@ pub fn record_for(entry: &CacheEntry, boot: &str, booted_at: i64, cni_path: &str
         };
         (None, boot_id)
     } else {
-        // Whatever namespace is at the path now is taken as the attachment's (the same
-        // probe ADD records); nothing there leaves no identity and the path missing.
+        // A path to check: its namespace, not the file's date, says which boot this is.
+        // Whatever namespace is at the path now is this boot's and taken as the
+        // attachment's (the same probe ADD records); nothing there leaves no identity
+        // and the path missing; a path that cannot be examined is judged live later.
         match sandbox::probe(&entry.netns) {
             Probe::Namespace(id) => (Some(id), boot.to_string()),
             _ => (None, boot.to_string()),
@@ -327,5 +367,7 @@ mod tests {
     fn boot_time_is_in_the_past() {
         let t = boot_time().unwrap();
         assert!(t > 0 && t <= crate::time::now());
+        let began = boot_began().unwrap();
+        assert!(began > 0 && began <= t);
     }
 }

@@ -41,6 +41,19 @@ pub fn read_error(_name: &str) -> Option<std::io::Error> {
     None
 }
 
+/// `CNI_LEDGER_TEST_BTIME=<unix secs>` replaces `btime` of /proc/stat, as a clock
+/// stepped since boot moves it.
+#[cfg(feature = "testing")]
+pub fn btime_override() -> Option<i64> {
+    std::env::var("CNI_LEDGER_TEST_BTIME").ok()?.parse().ok()
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub fn btime_override() -> Option<i64> {
+    None
+}
+
 /// The boot ID source may be replaced in test builds only.
 #[cfg(feature = "testing")]
 pub fn boot_id_override() -> Option<String> {
