@@ -1255,3 +1255,55 @@ fn the_cache_entry_is_gone_before_the_key_is_released() {
     assert!(!cache.exists(), "the cache entry outlived the key lock");
     assert!(!ipam_file(&f, &ip).exists());
 }
+
+#[test]
+fn no_file_descriptor_left_to_read_records_quarantines_nothing() {
+    let f = fixture_with(
+        true,
+        vec![json!({"type": PROBE, "logFile": "{tmp}/probe.log"})],
+    );
+    let live = Netns::new();
+    add_ok(&f, "c-fd-live", &live, None);
+    let mut gone = Netns::new();
+    let ip = add_ok(&f, "c-fd-gone", &gone, None);
+    gone.delete();
+    let before = tree_state(&f.records_dir());
+    // Room for stdio and the records directory being listed, none for a record: every
+    // read fails with EMFILE, as on a node whose gc ran out of descriptors.
+    let cache = f.cache_dir.to_string_lossy().into_owned();
+    let out = f
+        .host
+        .cmd("prlimit")
+        .arg("--nofile=5")
+        .arg(ledger_bin())
+        .args(["gc", "--json", "--grace", "0", "--cni-cache-dir", &cache])
+        .arg("--ledger-dir")
+        .arg(&f.ledger_dir)
+        .output()
+        .unwrap();
+    let rep: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("no JSON report ({e}): {}", describe(&out)));
+    assert_eq!(exit_code(&out), 1, "{}", describe(&out));
+    assert_eq!(rep["summary"]["unreadable"], json!(2), "{rep:#}");
+    assert_eq!(rep["summary"]["damaged"], json!(0), "{rep:#}");
+    for u in rep["unreadable"].as_array().unwrap() {
+        assert!(
+            u["error"].as_str().unwrap().contains("Too many open files"),
+            "{rep:#}"
+        );
+    }
+    assert_eq!(tree_state(&f.records_dir()), before, "records changed");
+    assert!(
+        f.quarantine_files().is_empty(),
+        "{:?}",
+        f.quarantine_files()
+    );
+    assert!(probe_calls(&f, "DEL", "c-fd-gone").is_empty());
+
+    // With descriptors again, the stale one is released and the live one kept.
+    let (code, rep, out) = gc_json(&f, &["--grace", "0"]);
+    assert_eq!(code, 0, "{}", describe(&out));
+    assert_eq!(report_cids(&rep), ["c-fd-gone"], "{rep:#}");
+    assert!(!ipam_file(&f, &ip).exists());
+    assert!(f.record_path("c-fd-live", "eth0").exists());
+}
