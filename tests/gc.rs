@@ -1307,3 +1307,44 @@ fn no_file_descriptor_left_to_read_records_quarantines_nothing() {
     assert!(!ipam_file(&f, &ip).exists());
     assert!(f.record_path("c-fd-live", "eth0").exists());
 }
+
+#[test]
+fn the_snapshot_of_an_unreadable_record_is_not_swept() {
+    let f = fixture_with(false, vec![]);
+    let mut ns_x = Netns::new();
+    let mut ns_y = Netns::new();
+    let ip_x = add_ok(&f, "c-x", &ns_x, None);
+    add_ok(&f, "c-y", &ns_y, None);
+    ns_x.delete();
+    ns_y.delete();
+    let snapshot = record_json(&f, "c-x")["record"]["snapshot"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let snapshot_file = f.snapshots_dir().join(format!("{snapshot}.json"));
+    assert!(snapshot_file.exists());
+    // c-y's replay removes the last readable record naming the snapshot, and the run
+    // then sweeps unreferenced snapshots: c-x, unread, still names it.
+    let rec_x = f.record_path("c-x", "eth0");
+    let name = rec_x.file_name().unwrap().to_str().unwrap().to_string();
+    let out = gc_with_read_errno(&f, 5, &name, &["--json", "--grace", "0"]);
+    let rep: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("no JSON report ({e}): {}", describe(&out)));
+    assert_eq!(
+        report_rec(&rep, "c-y")["action"],
+        json!("replayed"),
+        "{rep:#}"
+    );
+    assert_eq!(rep["summary"]["unreadable"], json!(1), "{rep:#}");
+    assert!(
+        snapshot_file.exists(),
+        "the unread record's snapshot was swept"
+    );
+
+    let (code, rep, out) = gc_json(&f, &["--grace", "0"]);
+    assert_eq!(code, 0, "{}", describe(&out));
+    let r = report_rec(&rep, "c-x");
+    assert_eq!(r["action"], json!("replayed"), "{r:#}");
+    assert_eq!(r["configSource"], json!("snapshot"), "{r:#}");
+    assert!(!ipam_file(&f, &ip_x).exists());
+}
