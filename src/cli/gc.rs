@@ -27,9 +27,11 @@ pub struct Args {
     network: Option<String>,
     #[command(flatten)]
     replay: super::replay_flags::ReplayFlags,
-    /// JSON array of {"containerID","ifname"} still valid; unlisted records of the
-    /// network(s) concerned are stale.
-    #[arg(long, value_name = "FILE")]
+    /// JSON array of {"containerID","ifname"} still valid in the --network NAME it
+    /// requires: that network's unlisted records are stale, no other network's.
+    // A list names no network: applied to all, it would make every record of every
+    // other network stale at once.
+    #[arg(long, value_name = "FILE", requires = "network")]
     valid_attachments: Option<PathBuf>,
     /// Where to look for today's conflist when neither snapshot nor cache has one.
     #[arg(long, value_name = "DIR")]
@@ -146,8 +148,13 @@ fn print_human(r: &Report) {
     } else {
         ("replayed", s.replayed)
     };
+    // The unreadable count only when there are some: the line stays as it always was.
+    let unreadable = match s.unreadable {
+        0 => String::new(),
+        n => format!(", unreadable {n}"),
+    };
     println!(
-        "{}stale {}, {} {}, retrying {}, failed {}, skipped {}, live {}, damaged {}",
+        "{}stale {}, {} {}, retrying {}, failed {}, skipped {}, live {}, damaged {}{unreadable}",
         if r.dry_run { "dry run: " } else { "" },
         s.stale,
         done,
@@ -224,6 +231,12 @@ fn print_human(r: &Report) {
                 "DETAIL",
             ],
             &rows,
+        );
+    }
+    for u in &r.unreadable {
+        println!(
+            "unreadable: {} ({}); left in place, read again next run",
+            u.file, u.error
         );
     }
     for d in &r.damaged {

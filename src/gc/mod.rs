@@ -14,7 +14,10 @@ pub use policy::{
     backoff_secs, decide, judge, runtime_refusal, Decision, RuntimeTally, BACKOFF_BASE_SECS,
     BACKOFF_MAX_SECS,
 };
-pub use report::{failure_text, Action, CriSummary, DamagedReport, RecordReport, Report, Summary};
+pub use report::{
+    failure_text, Action, CriSummary, DamagedReport, RecordReport, Report, Summary,
+    UnreadableReport,
+};
 
 use crate::ledger::{Damaged, Decoded, Entry, Ledger, Quarantine, Record};
 use crate::sandbox::{self, Evidence, Reason};
@@ -174,6 +177,7 @@ struct Scan {
     runtime: BTreeMap<String, RuntimeTally>,
     newer: Vec<DamagedReport>,
     damaged: Vec<Damaged>,
+    unreadable: Vec<UnreadableReport>,
 }
 
 impl Scan {
@@ -208,6 +212,9 @@ impl Scan {
                 reason,
                 detail,
             }),
+            Decoded::Unreadable(error) => self
+                .unreadable
+                .push(UnreadableReport::of(&entry.path, error)),
         }
     }
 }
@@ -236,6 +243,7 @@ fn scan(
         candidates.extend(scan.candidates);
         report.damaged.extend(scan.newer);
         damaged.extend(scan.damaged);
+        report.unreadable.extend(scan.unreadable);
     }
     // Replay in a stable order: oldest attachments first, then by key.
     candidates.sort_by(|a, b| {
@@ -251,6 +259,7 @@ fn scan(
         report.damaged.push(damaged_report(ledger, d, opts.dry_run));
     }
     report.summary.damaged = report.damaged.len();
+    report.summary.unreadable = report.unreadable.len();
     if !opts.dry_run {
         let n = ledger.remove_orphan_temps();
         if n > 0 {

@@ -146,6 +146,10 @@ pub enum Decoded {
     Damaged(&'static str, String),
     /// Written by a newer binary: neither acted on nor quarantined.
     Newer(u32),
+    /// Could not be read just now (EIO, ENOMEM, EMFILE, ...): nothing is known of its
+    /// content, so it is neither acted on nor quarantined; the next run reads it again.
+    /// Only scans produce it (`Ledger::read` returns the error instead).
+    Unreadable(String),
 }
 
 #[derive(Deserialize)]
@@ -223,6 +227,7 @@ mod tests {
             match decode(&b) {
                 Decoded::Ok(d) => assert_eq!(*d, r, "flip at {i} changed the record undetected"),
                 Decoded::Damaged(..) | Decoded::Newer(_) => {}
+                Decoded::Unreadable(e) => panic!("decoding bytes cannot fail to read: {e}"),
             }
         }
         for cut in 0..bytes.len() - 1 {
