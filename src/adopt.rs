@@ -335,7 +335,12 @@ mod tests {
         let live = record_for(&entry("/proc/self/ns/net", 1), "b", 100, "/opt/cni/bin");
         assert!(live.netns_id.is_some());
         assert_eq!(judged(&live), None);
-        let gone = record_for(&entry("/run/nonexistent-netns", 1), "b", 100, "/opt/cni/bin");
+        let gone = record_for(
+            &entry("/run/nonexistent-netns", 1),
+            "b",
+            100,
+            "/opt/cni/bin",
+        );
         assert_eq!(judged(&gone), Some("netns-missing"));
         assert_eq!(gone.source.as_deref(), Some("adopted"));
         assert_eq!(

@@ -72,7 +72,6 @@ fn daemonset() -> Value {
         .clone()
 }
 
-
 /// The node's paths that are made fresh for the test (tmpfs in the node's mount
 /// namespace): what a node has, and nothing of the machine's own.
 const NODE_DIRS: [&str; 7] = [
@@ -375,7 +374,10 @@ fn the_daemonsets_agent_leaves_live_pods_alone_and_releases_only_a_forgotten_one
     });
     let (code, body) = agent.get("/readyz");
     assert_eq!(code, 200, "{body}");
-    assert!(body.contains("WARN cri:") && body.contains("cannot be right"), "{body}");
+    assert!(
+        body.contains("WARN cri:") && body.contains("cannot be right"),
+        "{body}"
+    );
     let settled = metric(runs).unwrap_or(0.0);
     wait_metric("two more gc runs", &|m| {
         sample(m, runs).unwrap_or(0.0) >= settled + 2.0

@@ -4,8 +4,8 @@
 use super::{Action, Options};
 use crate::cri::Verdict;
 use crate::ledger::Record;
-use std::collections::BTreeMap;
 use crate::sandbox::{self, Evidence, Liveness, Reason};
+use std::collections::BTreeMap;
 
 pub const BACKOFF_BASE_SECS: i64 = 10;
 pub const BACKOFF_MAX_SECS: i64 = 3600;

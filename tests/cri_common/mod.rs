@@ -404,4 +404,3 @@ impl Drop for Containerd {
         self.stop();
     }
 }
-
