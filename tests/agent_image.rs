@@ -149,7 +149,7 @@ fn all_dels(node: &PrivateRun) -> Vec<String> {
 fn record(node: &PrivateRun, network: &str, id: &str) -> Option<Value> {
     let path = node
         .reach("/var/lib/cni-ledger/records")
-        .join(format!("{network}:{id}:eth0"));
+        .join(format!("{network}:{id}:eth0.json"));
     let doc: Value = serde_json::from_slice(&fs::read(path).ok()?).ok()?;
     Some(doc["record"].clone())
 }
@@ -208,7 +208,7 @@ fn the_daemonsets_agent_leaves_live_pods_alone_and_releases_only_a_forgotten_one
         Path::new("/opt/cni/bin"),
         Path::new("/etc/cni/net.d"),
     );
-    let mut ctrd = Containerd::launch(&dir, net.name(), Some(&node));
+    let mut ctrd = Containerd::launch(&dir, net.name(), Some(&node), Containerd::DEFAULT_SOCKET);
     ok(
         ctrd.ctr(&["images", "import", tarball.to_str().unwrap()]),
         "ctr images import",
@@ -325,7 +325,15 @@ fn the_daemonsets_agent_leaves_live_pods_alone_and_releases_only_a_forgotten_one
     let live = ctrd.run_sandbox("live-1", 18101);
     let forgotten = ctrd.run_sandbox("live-2", 18102);
     for id in [&live, &forgotten] {
-        let rec = record(&node, &network, id).unwrap_or_else(|| panic!("{id} unrecorded"));
+        let rec = record(&node, &network, id).unwrap_or_else(|| {
+            let records = fs::read_dir(node.reach("/var/lib/cni-ledger/records"))
+                .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>());
+            panic!(
+                "{id} unrecorded: {records:?}\n{}\n{}",
+                fs::read_to_string(&conf).unwrap_or_default(),
+                logs()
+            )
+        });
         let netns = rec["netns"].as_str().unwrap();
         assert!(netns.starts_with("/var/run/netns/"), "{rec}");
         assert!(holds_address(&node, &network, id));
@@ -366,7 +374,12 @@ fn the_daemonsets_agent_leaves_live_pods_alone_and_releases_only_a_forgotten_one
         Path::new("/opt/cni/bin"),
         Path::new("/etc/cni/net.d"),
     );
-    let mut stray = Containerd::launch(&stray_dir, net.name(), Some(&node));
+    let mut stray = Containerd::launch(
+        &stray_dir,
+        net.name(),
+        Some(&node),
+        "/run/k3s/containerd/containerd.sock",
+    );
     let k3s = ep("/run/k3s/containerd/containerd.sock");
     wait_metric("the stray runtime's list refused", &|m| {
         sample(m, &format!("cni_ledger_cri_up{{{k3s}}}")) == Some(1.0)
@@ -387,7 +400,7 @@ fn the_daemonsets_agent_leaves_live_pods_alone_and_releases_only_a_forgotten_one
 
     // containerd back, without the forgotten pod: that one alone is released, its
     // address and port mapping with it, by a replay that goes through the chain.
-    let mut ctrd = Containerd::launch(&dir, net.name(), Some(&node));
+    let mut ctrd = Containerd::launch(&dir, net.name(), Some(&node), Containerd::DEFAULT_SOCKET);
     wait_for(Duration::from_secs(60), || {
         record(&node, &network, &forgotten).is_none()
     })

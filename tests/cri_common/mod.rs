@@ -233,12 +233,20 @@ impl Containerd {
 
     /// Started in `private`'s mount namespace, listening at the default socket there.
     pub fn start_in(f: &Fixture, dir: &Path, private: Option<&PrivateRun>) -> Containerd {
-        Self::launch(dir, f.host.name(), private)
+        Self::launch(dir, f.host.name(), private, Self::DEFAULT_SOCKET)
     }
 
+    /// Where containerd listens unless configured otherwise.
+    pub const DEFAULT_SOCKET: &'static str = "/run/containerd/containerd.sock";
+
     /// Started in the network namespace `/run/netns/<netns>` and, when given, in
-    /// `private`'s mount namespace (listening at the default socket there).
-    pub fn launch(dir: &Path, netns: &str, private: Option<&PrivateRun>) -> Containerd {
+    /// `private`'s mount namespace, listening at `socket` there (as configured).
+    pub fn launch(
+        dir: &Path,
+        netns: &str,
+        private: Option<&PrivateRun>,
+        socket: &str,
+    ) -> Containerd {
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -252,7 +260,7 @@ impl Containerd {
             cmd.arg(format!("--mount={}", p.mnt()));
         }
         let socket = match private {
-            Some(p) => p.reach("/run/containerd/containerd.sock"),
+            Some(p) => p.reach(socket),
             None => dir.join("containerd.sock"),
         };
         let child = cmd
