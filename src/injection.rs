@@ -282,9 +282,9 @@ pub fn changed_since(path: &Path, read: &ReadConf) -> Option<String> {
     }
 }
 
-/// Whether the file now at `tmp` is the very file `read` saw, unchanged (after an
-/// exchange moved it there; the move itself changes only its ctime).
-fn is_what_was_read(tmp: &Path, read: &ReadConf) -> bool {
+/// Whether the file now at `tmp` is the very file `read` saw, unchanged (after a
+/// rename or an exchange moved it there; the move itself changes only its ctime).
+pub fn is_what_was_read(tmp: &Path, read: &ReadConf) -> bool {
     let Ok(m) = std::fs::symlink_metadata(tmp) else {
         return false;
     };

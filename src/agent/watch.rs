@@ -560,6 +560,14 @@ impl<'a> Watcher<'a> {
             let new = injection::transform(list, &self.opts.plugin_type, &entry, false)?;
             let mut text = serde_json::to_string_pretty(&new)?;
             text.push('\n');
+            // Converting an older version than the one there now would lose the newer.
+            if let Some(why) = injection::changed_since(path, read) {
+                crate::info!(
+                    "agent: {}: {why} after it was read; reading it again",
+                    path.display()
+                );
+                return Ok(None);
+            }
             let made = match std::fs::read(&target) {
                 Ok(b) if b == text.as_bytes() => None,
                 Ok(_) => anyhow::bail!(
@@ -568,21 +576,27 @@ impl<'a> Watcher<'a> {
                 ),
                 Err(_) => Some(write_new(&target, read, text.as_bytes())?),
             };
-            // Moving aside a newer version than the one converted would lose it.
-            if let Some(why) = injection::changed_since(path, read) {
+            std::fs::rename(path, &aside)
+                .with_context(|| format!("renaming {} aside", path.display()))?;
+            if !injection::is_what_was_read(&aside, read) {
+                // A newer .conf landed between the check and the move: it goes back (unless
+                // a newer one still is in place), the conversion is undone, and it starts over.
+                if std::fs::hard_link(&aside, path).is_ok() {
+                    let _ = std::fs::remove_file(&aside);
+                }
                 if let Some(ino) = made {
                     if std::fs::symlink_metadata(&target).is_ok_and(|m| m.ino() == ino) {
                         let _ = std::fs::remove_file(&target);
                     }
                 }
+                crate::ledger::fsio::fsync_dir(path.parent().unwrap_or(Path::new(".")))?;
                 crate::info!(
-                    "agent: {}: {why} while being converted; reading it again",
+                    "agent: {}: replaced while being converted; the other writer's version was \
+                     put back; reading it again",
                     path.display()
                 );
                 return Ok(None);
             }
-            std::fs::rename(path, &aside)
-                .with_context(|| format!("renaming {} aside", path.display()))?;
             crate::ledger::fsio::fsync_dir(path.parent().unwrap_or(Path::new(".")))?;
             Ok(Some(text))
         })();
@@ -665,7 +679,8 @@ fn write_verified(
 
 /// A file that did not exist under this name, made from a fresh O_EXCL temp (mode of
 /// the file `like` was read from) linked into place, which fails rather than replace a
-/// file another writer created meanwhile. Returns its inode.
+/// file another writer created meanwhile. Returns its inode. Not yet durable: the
+/// caller fsyncs the directory.
 fn write_new(path: &Path, like: &injection::ReadConf, bytes: &[u8]) -> anyhow::Result<u64> {
     use crate::ledger::fsio;
     let dir = path.parent().unwrap_or(Path::new("."));
@@ -675,7 +690,7 @@ fn write_new(path: &Path, like: &injection::ReadConf, bytes: &[u8]) -> anyhow::R
     let ino = std::fs::symlink_metadata(&tmp).map(|m| m.ino());
     let _ = std::fs::remove_file(&tmp);
     linked.with_context(|| format!("creating {}", path.display()))?;
-    fsio::fsync_dir(dir)?;
+    // The directory is fsynced by the caller, once the conversion is complete.
     ino.with_context(|| format!("examining {}", path.display()))
 }
 
