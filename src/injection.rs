@@ -326,7 +326,6 @@ pub fn replace_if_unchanged(path: &Path, read: &ReadConf, bytes: &[u8]) -> Resul
     if let Some(why) = changed_since(path, read) {
         return discard(why);
     }
-    crate::faults::crash_point("conflist.checked");
     match exchange(&tmp, path) {
         Ok(()) => {}
         Err(
