@@ -308,4 +308,43 @@ fn a_ledger_broken_underneath_the_agent_shows_in_readyz() {
     wait_for(5 * SECOND, || ready(&mut last))
         .unwrap_or_else(|| panic!("restored, /readyz: {last:?}\n{}", agent.log_text()));
     assert!(last.1.contains("ok ledger dir usable"), "{}", last.1);
+
+    // records/ on a read-only mount (root may write anything else).
+    let records = f.ledger_dir.join("records");
+    let ro = ReadOnlyMount::new(&records);
+    wait_for(5 * SECOND, || {
+        last = agent.get("/readyz");
+        last.0 == 503
+            && last.1.lines().any(|l| {
+                l.starts_with("FAIL ledger dir")
+                    && l.contains(&records.display().to_string())
+                    && l.contains("not writable")
+            })
+    })
+    .unwrap_or_else(|| panic!("records/ read-only, /readyz: {last:?}"));
+    drop(ro);
+    wait_for(5 * SECOND, || ready(&mut last))
+        .unwrap_or_else(|| panic!("records/ writable again, /readyz: {last:?}"));
+}
+
+/// `dir` bind-mounted read-only over itself, unmounted on drop (also on a failed test,
+/// so the temp dir can be removed).
+struct ReadOnlyMount(PathBuf);
+impl ReadOnlyMount {
+    fn new(dir: &Path) -> ReadOnlyMount {
+        let mount = |args: &[&str]| {
+            let st = Command::new("mount").args(args).status().unwrap();
+            assert!(st.success(), "mount {args:?}");
+        };
+        let d = dir.to_str().unwrap();
+        mount(&["--bind", d, d]);
+        let m = ReadOnlyMount(dir.to_path_buf());
+        mount(&["-o", "remount,bind,ro", d]);
+        m
+    }
+}
+impl Drop for ReadOnlyMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
 }

@@ -708,7 +708,7 @@ fn ledger_usable(dir: &Path) -> anyhow::Result<()> {
         ledger.snapshots_dir(),
         ledger.locks_dir(),
     ] {
-        let meta = std::fs::symlink_metadata(&sub).map_err(|e| {
+        let meta = std::fs::metadata(&sub).map_err(|e| {
             anyhow::anyhow!(
                 "{} is missing ({e}): ADDs cannot be recorded; restore it (mkdir -m 0700) \
                  and check the ledger with `cni-ledger verify`",
