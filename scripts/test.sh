@@ -73,6 +73,10 @@ if [ ! -x "$venv/bin/kubernetes-validate" ]; then
 	"$venv/bin/pip" install --quiet kubernetes-validate pyyaml
 fi
 
+# kustomize is not in bookworm: Debian unstable's, unpacked into target/kustomize (never
+# installed system-wide), builds the manifest's overlays in tests/manifest.rs.
+bash scripts/fetch-unstable.sh kustomize target/kustomize
+
 say "cargo fmt --check"
 cargo fmt --check
 

@@ -4,9 +4,11 @@
 //!
 //! Liveness errs towards live, as everywhere: with a cached netns path (libcni 1.2 on),
 //! the namespace found there now is the record's identity, and nothing there makes it
-//! stale (`netns-missing`); without one, a cache file last written before this boot
-//! began is from an earlier boot (`boot-changed`); otherwise the record is live until
-//! the runtime's valid set says otherwise. An existing record is never touched.
+//! stale (`netns-missing`), whatever the file's date; without one, a cache file last
+//! written before this boot began (by the earliest reading of that, `boot_began`: the
+//! clock may have been stepped since) is from an earlier boot (`boot-changed`);
+//! otherwise the record is live until the runtime's valid set says otherwise. An
+//! existing record is never touched.
 
 use crate::cni::config::DEFAULT_PLUGIN_TYPE;
 use crate::gc::libcni_cache::{self, CacheEntry};
@@ -51,6 +53,9 @@ pub enum AdoptAction {
     Busy,
     /// A record was made meanwhile (counted as already recorded, not listed).
     Exists,
+    /// The cache entry was removed meanwhile, by a gc that released the attachment
+    /// (not listed).
+    Gone,
 }
 
 impl AdoptAction {
@@ -60,6 +65,7 @@ impl AdoptAction {
             AdoptAction::WouldAdopt => "would-adopt",
             AdoptAction::Busy => "busy",
             AdoptAction::Exists => "exists",
+            AdoptAction::Gone => "gone",
         }
     }
 }
@@ -88,13 +94,48 @@ pub struct Report {
     pub unusable: Vec<Unusable>,
 }
 
-/// When the current boot began (Unix seconds), from `btime` in /proc/stat.
+/// When the current boot began (Unix seconds), from `btime` in /proc/stat: the clock
+/// now less the time since boot, so a step of the clock moves it too.
 pub fn boot_time() -> Result<i64> {
+    if let Some(t) = crate::faults::btime_override() {
+        return Ok(t);
+    }
     let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
     stat.lines()
         .find_map(|l| l.strip_prefix("btime "))
         .and_then(|v| v.trim().parse().ok())
         .context("no btime in /proc/stat")
+}
+
+/// Directories whose filesystem is made anew at every boot (devtmpfs by the kernel
+/// itself, tmpfs by early boot), so their birth time is a reading of the clock as the
+/// boot began.
+const BOOT_FRESH_DIRS: &[&str] = &["/dev", "/run"];
+
+/// The earliest this boot can have begun (Unix seconds), for judging a cache file by its
+/// date. `btime` alone moves with the clock: stepped forward after boot (a first NTP
+/// sync on a node without a good RTC, a VM resumed from a snapshot), it would pass the
+/// files this boot wrote before the step and make their pods "from an earlier boot".
+/// The births of /dev and /run were stamped by the clock as it was then; the earliest
+/// of all is taken. Each can only move the line back, towards "this boot" (live).
+pub fn boot_began() -> Result<i64> {
+    let btime = boot_time()?;
+    Ok(BOOT_FRESH_DIRS
+        .iter()
+        .filter_map(|d| born_this_boot(d))
+        .fold(btime, i64::min))
+}
+
+/// The birth time of `dir`, when it is the root of a tmpfs (devtmpfs is one too) and
+/// the kernel keeps birth times there: a /dev on disk was born at install, not at boot.
+fn born_this_boot(dir: &str) -> Option<i64> {
+    let fs = nix::sys::statfs::statfs(dir).ok()?;
+    if fs.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC {
+        return None;
+    }
+    let born = std::fs::metadata(dir).ok()?.created().ok()?;
+    let secs = born.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs();
+    i64::try_from(secs).ok().filter(|&s| s > 0)
 }
 
 pub fn run(opts: &Options) -> Result<Report> {
@@ -113,7 +154,7 @@ pub fn run(opts: &Options) -> Result<Report> {
         ledger.check_trusted()?;
     }
     let boot = sandbox::boot_id().context("reading the boot ID")?;
-    let booted_at = boot_time()?;
+    let booted_at = boot_began()?;
     for path in files {
         let entry = match libcni_cache::read_entry(&path) {
             Ok(e) => e,
@@ -145,9 +186,13 @@ pub fn run(opts: &Options) -> Result<Report> {
         } else {
             create(&ledger, &key, &rec, &entry)?
         };
-        if action == AdoptAction::Exists {
-            report.already_recorded += 1;
-            continue;
+        match action {
+            AdoptAction::Exists => {
+                report.already_recorded += 1;
+                continue;
+            }
+            AdoptAction::Gone => continue,
+            AdoptAction::Adopted | AdoptAction::WouldAdopt | AdoptAction::Busy => {}
         }
         crate::info!(
             "adopt: {key}: {action} from {} ({})",
@@ -170,8 +215,9 @@ pub fn run(opts: &Options) -> Result<Report> {
 /// The record an adoption makes; judged by the same rules as every other record.
 pub fn record_for(entry: &CacheEntry, boot: &str, booted_at: i64, cni_path: &str) -> Record {
     let (netns_id, boot_id) = if entry.netns.is_empty() {
-        // No namespace to look at: the file's date is the only evidence of its boot. The
-        // earlier boot's ID is unknown; any other value than this boot's says so.
+        // No namespace to look at: the file's date is the only evidence of its boot,
+        // against the earliest the boot can have begun (`boot_began`). The earlier
+        // boot's ID is unknown; any other value than this boot's says so.
         let boot_id = if entry.written_at < booted_at {
             String::new()
         } else {
@@ -179,8 +225,10 @@ pub fn record_for(entry: &CacheEntry, boot: &str, booted_at: i64, cni_path: &str
         };
         (None, boot_id)
     } else {
-        // Whatever namespace is at the path now is taken as the attachment's (the same
-        // probe ADD records); nothing there leaves no identity and the path missing.
+        // A path to check: its namespace, not the file's date, says which boot this is.
+        // Whatever namespace is at the path now is this boot's and taken as the
+        // attachment's (the same probe ADD records); nothing there leaves no identity
+        // and the path missing; a path that cannot be examined is judged live later.
         match sandbox::probe(&entry.netns) {
             Probe::Namespace(id) => (Some(id), boot.to_string()),
             _ => (None, boot.to_string()),
@@ -203,6 +251,7 @@ pub fn record_for(entry: &CacheEntry, boot: &str, booted_at: i64, cni_path: &str
         conf_file: None,
         // When libcni finished the ADD: grace and age count from there.
         created_at: crate::time::rfc3339(entry.written_at),
+        created_boot_secs: None,
         add_id: format!("adopted-{:x}-{:x}", entry.written_at, std::process::id()),
         gc: None,
         source: Some(SOURCE_ADOPTED.into()),
@@ -212,8 +261,10 @@ pub fn record_for(entry: &CacheEntry, boot: &str, booted_at: i64, cni_path: &str
     }
 }
 
-/// Writes the record under the key's lock, only if there still is none: an ADD or
-/// another adopt may have made one since the first look.
+/// Writes the record under the key's lock, only if there still is none and the cache
+/// entry is still there: an ADD or another adopt may have made a record since the first
+/// look, and a gc may have released the attachment (it removes the record and then the
+/// cache entry before letting go of the key).
 fn create(ledger: &Ledger, key: &Key, rec: &Record, entry: &CacheEntry) -> Result<AdoptAction> {
     let stem = key.stem();
     let Some(_lock) = ledger.lock(&stem, Wait::Upto(Duration::from_secs(5)))? else {
@@ -222,9 +273,17 @@ fn create(ledger: &Ledger, key: &Key, rec: &Record, entry: &CacheEntry) -> Resul
     };
     match ledger.read(&stem)? {
         None => {}
-        Some(Decoded::Ok(_) | Decoded::Newer(_) | Decoded::Damaged(..)) => {
-            return Ok(AdoptAction::Exists)
+        Some(
+            Decoded::Ok(_) | Decoded::Newer(_) | Decoded::Damaged(..) | Decoded::Unreadable(_),
+        ) => return Ok(AdoptAction::Exists),
+    }
+    match std::fs::symlink_metadata(&entry.path) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            crate::info!("adopt: {key}: cache entry removed meanwhile (released); not adopted");
+            return Ok(AdoptAction::Gone);
         }
+        Err(e) => return Err(e).with_context(|| format!("re-checking {}", entry.path.display())),
     }
     // As in ADD: the snapshot guard is held until the record naming it is durable.
     let guard = ledger.snapshot_guard_shared()?;
@@ -276,7 +335,12 @@ mod tests {
         let live = record_for(&entry("/proc/self/ns/net", 1), "b", 100, "/opt/cni/bin");
         assert!(live.netns_id.is_some());
         assert_eq!(judged(&live), None);
-        let gone = record_for(&entry("/nonexistent/netns", 1), "b", 100, "/opt/cni/bin");
+        let gone = record_for(
+            &entry("/run/nonexistent-netns", 1),
+            "b",
+            100,
+            "/opt/cni/bin",
+        );
         assert_eq!(judged(&gone), Some("netns-missing"));
         assert_eq!(gone.source.as_deref(), Some("adopted"));
         assert_eq!(
@@ -287,8 +351,29 @@ mod tests {
     }
 
     #[test]
+    fn a_cache_entry_removed_before_the_lock_is_not_adopted() {
+        let root = std::env::temp_dir().join(format!("cl-adopt-gone-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let ledger = Ledger::open_for_write(&root).unwrap();
+        // The entry as listed, then released by a gc before adopt took the key.
+        let e = entry("", 100);
+        let key = Key {
+            network: e.network.clone(),
+            container_id: e.container_id.clone(),
+            ifname: e.ifname.clone(),
+        };
+        let rec = record_for(&e, "b", 100, "/opt/cni/bin");
+        assert!(!e.path.exists());
+        assert_eq!(create(&ledger, &key, &rec, &e).unwrap(), AdoptAction::Gone);
+        assert!(ledger.read(&key.stem()).unwrap().is_none());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
     fn boot_time_is_in_the_past() {
         let t = boot_time().unwrap();
         assert!(t > 0 && t <= crate::time::now());
+        let began = boot_began().unwrap();
+        assert!(began > 0 && began <= t);
     }
 }

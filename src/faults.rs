@@ -24,6 +24,36 @@ pub fn crash_point(point: &str) {
 #[inline(always)]
 pub fn crash_point(_point: &str) {}
 
+/// `CNI_LEDGER_TEST_READ_ERRNO=<errno>:<name>`: reading the ledger file `<name>`
+/// (`records/<name>`) fails with that errno, as a failing disk or an exhausted fd
+/// table would make it.
+#[cfg(feature = "testing")]
+pub fn read_error(name: &str) -> Option<std::io::Error> {
+    let spec = std::env::var("CNI_LEDGER_TEST_READ_ERRNO").ok()?;
+    let (errno, target) = spec.split_once(':')?;
+    let errno = errno.parse().ok()?;
+    (target == name).then(|| std::io::Error::from_raw_os_error(errno))
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub fn read_error(_name: &str) -> Option<std::io::Error> {
+    None
+}
+
+/// `CNI_LEDGER_TEST_BTIME=<unix secs>` replaces `btime` of /proc/stat, as a clock
+/// stepped since boot moves it.
+#[cfg(feature = "testing")]
+pub fn btime_override() -> Option<i64> {
+    std::env::var("CNI_LEDGER_TEST_BTIME").ok()?.parse().ok()
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub fn btime_override() -> Option<i64> {
+    None
+}
+
 /// The boot ID source may be replaced in test builds only.
 #[cfg(feature = "testing")]
 pub fn boot_id_override() -> Option<String> {

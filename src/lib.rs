@@ -13,6 +13,7 @@ pub mod gc;
 pub mod injection;
 pub mod ledger;
 pub mod logging;
+pub mod node_root;
 pub mod plugin;
 pub mod sandbox;
 pub mod time;

@@ -1,4 +1,5 @@
-//! Wall-clock time as Unix seconds and RFC 3339 UTC strings (`2026-12-02T17:41:33Z`).
+//! Wall-clock time as Unix seconds and RFC 3339 UTC strings (`2026-12-02T17:41:33Z`),
+//! and the time since boot, which no clock step changes.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -7,6 +8,15 @@ pub fn now() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0)
+}
+
+/// Seconds since boot on CLOCK_BOOTTIME: steady within a boot (NTP steps the wall
+/// clock, never this one; suspend counts), so an age measured on it within one boot
+/// can neither shrink nor jump. A vDSO read: nothing an ADD would notice.
+pub fn since_boot() -> Option<u64> {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .ok()
+        .and_then(|t| u64::try_from(t.tv_sec()).ok())
 }
 
 // Days from civil date and back: Howard Hinnant's algorithms, proleptic Gregorian.

@@ -70,6 +70,27 @@ fn btime() -> i64 {
         .unwrap()
 }
 
+/// The birth time of `dir` (Unix seconds), where the kernel keeps one.
+fn birth(dir: &str) -> Option<i64> {
+    let born = fs::metadata(dir).ok()?.created().ok()?;
+    let secs = born.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs() as i64;
+    Some(secs).filter(|&s| s > 0)
+}
+
+/// The earliest reading of when this boot began: `btime`, or the birth of /dev or /run
+/// (made anew each boot) where the clock was stepped forward since.
+fn boot_began() -> i64 {
+    [birth("/dev"), birth("/run")]
+        .into_iter()
+        .flatten()
+        .fold(btime(), i64::min)
+}
+
+fn mtime(path: &Path) -> i64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(path).unwrap().mtime()
+}
+
 /// Sets a file's mtime to Unix time `t` (coreutils touch).
 fn set_mtime(path: &Path, t: i64) {
     let out = Command::new("touch")
@@ -155,7 +176,7 @@ fn adopted_attachments_are_judged_and_replayed_from_the_cached_conflist() {
     let ip_live = add(&f, "p-nslive", &ns_live, 8084);
     add_netns_to_cache(&f, "p-nsgone", &ns_gone.path_str());
     add_netns_to_cache(&f, "p-nslive", &ns_live.path_str());
-    set_mtime(&f.cache_result_path("p-old", "eth0"), btime() - 3600);
+    set_mtime(&f.cache_result_path("p-old", "eth0"), boot_began() - 3600);
     ns_old.delete();
     ns_gone.delete();
     // libcni writes without fsync: a zero-length and a cut-off file after a crash.
@@ -288,6 +309,8 @@ fn adopted_attachments_are_judged_and_replayed_from_the_cached_conflist() {
     let (out, rep) = f.gc(&[
         "--grace",
         "0",
+        "--network",
+        &f.network,
         "--valid-attachments",
         valid.to_str().unwrap(),
     ]);
@@ -296,4 +319,47 @@ fn adopted_attachments_are_judged_and_replayed_from_the_cached_conflist() {
     assert!(!f.ipam_addresses().contains(&ip_new));
     assert!(f.ipam_addresses().contains(&ip_live));
     assert!(ns_new.path().exists());
+}
+
+#[test]
+fn a_clock_stepped_forward_after_boot_leaves_this_boots_attachments_live() {
+    let (f, _ns_led) = fixture_without_ledger();
+    // libcni 1.1: no netns in the cache, its date is all there is.
+    let ns = Netns::new();
+    add(&f, "p-step", &ns, 8085);
+    let cache = f.cache_result_path("p-step", "eth0");
+    let written = mtime(&cache);
+    let judged = |btime: i64| -> Value {
+        let dir = f.cache_dir.to_string_lossy().into_owned();
+        let mut c = f.ledger_cmd(&["adopt", "--json", "--dry-run", "--cni-cache-dir", &dir]);
+        // What /proc/stat says once the clock has been stepped forward past the write:
+        // btime is the clock now less the time since boot.
+        c.env("CNI_LEDGER_TEST_BTIME", btime.to_string());
+        let out = c.output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+        let rep: Value = serde_json::from_slice(&out.stdout).unwrap();
+        adopted(&rep, "p-step").clone()
+    };
+    let stepped = written + 3600;
+    let a = judged(stepped);
+    // The births of /dev and /run (made anew each boot) remember the clock of the boot;
+    // a kernel that keeps no birth time leaves btime alone to go by.
+    let remembered = birth("/dev")
+        .or(birth("/run"))
+        .is_some_and(|b| b <= written);
+    if remembered {
+        assert_eq!(a["state"], json!("live"), "{a:#}");
+        assert_eq!(a["reason"], Value::Null, "{a:#}");
+    } else {
+        assert_eq!(a["reason"], json!("boot-changed"), "{a:#}");
+    }
+    // A file written before this boot began is from an earlier boot, stepped or not.
+    set_mtime(&cache, boot_began() - 3600);
+    let a = judged(stepped);
+    assert_eq!(a["state"], json!("stale"), "{a:#}");
+    assert_eq!(a["reason"], json!("boot-changed"), "{a:#}");
+    assert!(
+        !f.record_path("p-step", "eth0").exists(),
+        "a dry run wrote a record"
+    );
 }

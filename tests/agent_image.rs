@@ -1,10 +1,13 @@
-//! The image and the manifest: `deploy/kubernetes/cni-ledger.yaml` validates offline
-//! against the Kubernetes API schema (PyPI `kubernetes-validate`, strict), the image
-//! builds with podman from `Containerfile` (scripts/build-image.sh), and the agent runs
-//! in it with exactly the host mounts, args and host namespaces the manifest declares
-//! (read from it, so the two cannot drift), installing its binary and injecting the
-//! ledger into the host-side dirs. Needs root, podman, curl and the test venv that
-//! scripts/test.sh makes (target/test-venv: kubernetes-validate, PyYAML).
+//! The image as the DaemonSet runs it, over pods a real runtime made through CRI: the
+//! image builds with podman from `Containerfile` (scripts/build-image.sh), and the agent
+//! runs in it with exactly the args, mounts and host namespaces the manifest declares
+//! (read from it, so the two cannot drift) on a node of the test's own: a mount
+//! namespace where the node's paths (`/etc/cni/net.d`, `/opt/cni/bin`, `/var/lib/cni`,
+//! `/var/lib/cni-ledger`, `/run/netns`, `/run/containerd`, `/run/k3s`) are fresh tmpfs,
+//! and a network namespace. containerd runs in both and makes the pods over CRI, with
+//! the netns paths it gives every pod (`/var/run/netns/cni-...`, through the node's
+//! `/var/run` link). Needs root, podman, containerd, curl and the test venv that
+//! scripts/test.sh makes (target/test-venv: PyYAML).
 //!
 //!     cargo test --features testing --test agent_image
 // Tests may unwrap: a panic there is a failed test with its message.
@@ -12,6 +15,7 @@
 
 mod agent_common;
 mod common;
+mod cri_common;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -20,7 +24,8 @@ use std::time::Duration;
 
 use agent_common::*;
 use common::*;
-use serde_json::Value;
+use cri_common::*;
+use serde_json::{json, Value};
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -67,74 +72,102 @@ fn daemonset() -> Value {
         .clone()
 }
 
-#[test]
-fn manifest_validates_against_the_kubernetes_schema_and_says_what_the_issue_asks() {
-    let out = Command::new(venv_bin("kubernetes-validate"))
-        .arg("--strict")
-        .arg(manifest())
-        .output()
-        .unwrap();
-    ok(out, "kubernetes-validate --strict");
-    let ds = daemonset();
-    let spec = &ds["spec"]["template"]["spec"];
-    assert_eq!(ds["metadata"]["namespace"], "kube-system");
-    assert_eq!(spec["priorityClassName"], "system-node-critical");
-    assert_eq!(spec["tolerations"][0]["operator"], "Exists");
-    assert_eq!(
-        ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"],
-        1
-    );
-    assert_eq!(spec["hostNetwork"], true);
-    assert_eq!(spec["hostPID"], true);
-    assert_eq!(spec["automountServiceAccountToken"], false);
-    let c = &spec["containers"][0];
-    assert_eq!(c["securityContext"]["privileged"], true);
-    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
-    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
-    assert!(c["resources"]["limits"]["memory"].is_string());
-    let annotations = &ds["spec"]["template"]["metadata"]["annotations"];
-    assert_eq!(annotations["prometheus.io/scrape"], "true");
-    let mut host_paths: Vec<&str> = spec["volumes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["hostPath"]["path"].as_str().unwrap())
-        .collect();
-    host_paths.sort();
-    assert_eq!(
-        host_paths,
-        [
-            "/etc/cni/net.d",
-            "/opt/cni/bin",
-            "/run/netns",
-            "/var/lib/cni",
-            "/var/lib/cni-ledger"
-        ]
-    );
-    let netns = c["volumeMounts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["mountPath"] == "/run/netns")
-        .unwrap();
-    assert_eq!(netns["mountPropagation"], "HostToContainer");
-}
+/// The node's paths that are made fresh for the test (tmpfs in the node's mount
+/// namespace): what a node has, and nothing of the machine's own.
+const NODE_DIRS: [&str; 7] = [
+    "/etc/cni/net.d",
+    "/opt/cni/bin",
+    "/var/lib/cni",
+    "/var/lib/cni-ledger",
+    "/run/netns",
+    "/run/containerd",
+    "/run/k3s",
+];
 
-/// podman's `-v` for a mount: HostToContainer is rslave, as kubelet makes it.
-fn volume_flag(host: &Path, mount: &Value) -> String {
-    let mut v = format!(
-        "{}:{}",
-        host.display(),
-        mount["mountPath"].as_str().unwrap()
-    );
-    if mount["mountPropagation"] == "HostToContainer" {
-        v.push_str(":rslave");
+/// Every plugin call of the node's chain, `plugin COMMAND containerID` a line, in the
+/// node's libcni cache dir: written by the runtime's calls and the agent's replays alike.
+const CALLS: &str = "/var/lib/cni/test-calls";
+
+/// The node's bin dir: the real plugins, `bridge` behind a wrapper that notes each call,
+/// and `slowdown`, which takes `secs` over the ADD of a pod named `slow-*` (an IPAM
+/// waiting on its datastore) and passes every result on unchanged.
+fn node_plugins(node: &PrivateRun, secs: u32) {
+    let bin = node.reach("/opt/cni/bin");
+    for p in ["loopback", "host-local", "portmap"] {
+        std::os::unix::fs::symlink(Path::new(CNI_PLUGIN_DIR).join(p), bin.join(p)).unwrap();
     }
-    v
+    let script = |name: &str, body: String| {
+        use std::os::unix::fs::PermissionsExt;
+        let path = bin.join(name);
+        fs::write(&path, format!("#!/bin/sh\n{body}")).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    script(
+        "bridge",
+        format!(
+            "echo \"bridge $CNI_COMMAND $CNI_CONTAINERID\" >> {CALLS}\nexec {CNI_PLUGIN_DIR}/bridge \"$@\"\n"
+        ),
+    );
+    script(
+        "slowdown",
+        format!(
+            r#"echo "slowdown $CNI_COMMAND $CNI_CONTAINERID" >> {CALLS}
+case "$CNI_COMMAND" in
+ADD)
+	case "$CNI_ARGS" in *K8S_POD_NAME=slow-*) sleep {secs} ;; esac
+	exec /usr/bin/python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin)["prevResult"]))' ;;
+VERSION) echo '{{"cniVersion":"1.0.0","supportedVersions":["0.3.0","0.3.1","0.4.0","1.0.0"]}}' ;;
+*) cat >/dev/null ;;
+esac
+"#
+        ),
+    );
+}
+
+/// The calls of `bridge` noted so far whose command is `cmd`, for container `id`.
+fn calls(node: &PrivateRun, cmd: &str, id: &str) -> usize {
+    fs::read_to_string(node.reach(CALLS))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.first() == Some(&"bridge") && f.get(1) == Some(&cmd) && f.get(2) == Some(&id)
+        })
+        .count()
+}
+
+fn all_dels(node: &PrivateRun) -> Vec<String> {
+    fs::read_to_string(node.reach(CALLS))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some("DEL"))
+        .map(String::from)
+        .collect()
+}
+
+/// The record of a pod's attachment in the node's ledger, when there is one.
+fn record(node: &PrivateRun, network: &str, id: &str) -> Option<Value> {
+    let path = node
+        .reach("/var/lib/cni-ledger/records")
+        .join(format!("{network}:{id}:eth0.json"));
+    let doc: Value = serde_json::from_slice(&fs::read(path).ok()?).ok()?;
+    Some(doc["record"].clone())
+}
+
+/// The address host-local holds for a pod, by its file in the node's IPAM dir.
+fn holds_address(node: &PrivateRun, network: &str, id: &str) -> bool {
+    fs::read_dir(node.reach("/var/lib/cni/networks").join(network))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| {
+            fs::read_to_string(e.path()).is_ok_and(|s| s.lines().next() == Some(id))
+                && e.file_name().to_string_lossy().contains('.')
+        })
 }
 
 #[test]
-fn image_builds_with_podman_and_the_agent_in_it_injects_into_the_host_conf_dir() {
+fn the_daemonsets_agent_leaves_live_pods_alone_and_releases_only_a_forgotten_one() {
     require_root();
     let tag = format!("localhost/cni-ledger:test-{}", std::process::id());
     let out = Command::new(repo().join("scripts/build-image.sh"))
@@ -154,75 +187,97 @@ fn image_builds_with_podman_and_the_agent_in_it_injects_into_the_host_conf_dir()
         .join(&host_target)
         .join("debug/cni-ledger");
 
-    // The manifest's host paths, each under a scratch root standing in for the node.
+    // The node: its network namespace (hostNetwork), then its mount namespace.
+    let net = Netns::new();
+    run_ok(Command::new("ip").args(["-n", net.name(), "link", "set", "lo", "up"]));
+    let node = PrivateRun::over(&NODE_DIRS);
+    node_plugins(&node, 8);
+    let network = format!("pods{}", next_id());
+    let conf = node.reach("/etc/cni/net.d/10-pods.conflist");
+    let plain = json!({"cniVersion": "1.0.0", "name": network, "plugins": [
+        {"type": "bridge", "bridge": "climg0", "isGateway": true,
+         "ipam": {"type": "host-local", "subnet": "198.18.250.0/24"}},
+        {"type": "portmap", "capabilities": {"portMappings": true}},
+        {"type": "slowdown"}]});
+    fs::write(&conf, serde_json::to_vec_pretty(&plain).unwrap()).unwrap();
+    let tmp = TempDir::new("image");
+    let tarball = build_pause_image(tmp.path());
+    let dir = Containerd::configure_dirs(
+        &tmp.path().join("containerd"),
+        "/run/containerd/containerd.sock",
+        Path::new("/opt/cni/bin"),
+        Path::new("/etc/cni/net.d"),
+    );
+    let mut ctrd = Containerd::launch(&dir, net.name(), Some(&node), Containerd::DEFAULT_SOCKET);
+    ok(
+        ctrd.ctr(&["images", "import", tarball.to_str().unwrap()]),
+        "ctr images import",
+    );
+
+    // The agent as the manifest runs it.
     let ds = daemonset();
     let spec = &ds["spec"]["template"]["spec"];
     let c = &spec["containers"][0];
-    let node = TempDir::new("node");
-    let host_dir = |hp: &str| node.path().join(hp.trim_start_matches('/'));
-    let mut run = Command::new("podman");
+    assert_eq!(spec["hostNetwork"], true);
+    assert_eq!(spec["hostPID"], true);
+    assert_eq!(c["securityContext"]["privileged"], true);
     let name = format!("cl-agent-{}", std::process::id());
+    let mut run = Command::new("podman");
     // Lower rlimits than podman's defaults, which a sandboxed test machine may not let
-    // the container runtime set (EPERM); the agent needs few of either.
+    // the container runtime set (EPERM); runc, which handles a hybrid cgroup layout
+    // that crun refuses.
     run.args([
+        "--runtime",
+        "runc",
         "run",
         "-d",
         "--ulimit",
         "nofile=4096:4096",
         "--ulimit",
         "nproc=4096:4096",
+        "--name",
+        &name,
+        "--pid=host",
+        "--privileged",
     ]);
-    run.args(["--name", &name]);
-    if spec["hostNetwork"] == true {
-        run.arg("--network=host");
-    }
-    if spec["hostPID"] == true {
-        run.arg("--pid=host");
-    }
-    if c["securityContext"]["privileged"] == true {
-        run.arg("--privileged");
-    }
-    for m in c["volumeMounts"].as_array().unwrap() {
+    // hostNetwork: the node's network namespace is the test's.
+    run.arg(format!("--network=ns:/run/netns/{}", net.name()));
+    for m in c["volumeMounts"].as_array().into_iter().flatten() {
         let vol = spec["volumes"]
             .as_array()
             .unwrap()
             .iter()
             .find(|v| v["name"] == m["name"])
             .unwrap();
-        let host = host_dir(vol["hostPath"]["path"].as_str().unwrap());
+        let host = node.reach(vol["hostPath"]["path"].as_str().unwrap());
         fs::create_dir_all(&host).unwrap();
-        run.arg("-v").arg(volume_flag(&host, m));
+        run.arg("-v").arg(format!(
+            "{}:{}",
+            host.display(),
+            m["mountPath"].as_str().unwrap()
+        ));
     }
     let port = free_port();
-    // On a node PID 1 is its init and /proc/1/root the node's root. Where PID 1 is a
-    // sandbox's own init whose root even root may not enter, the test process stands in
-    // for it: same host PID namespace, same magic link, the machine's root.
-    let node_root = if fs::read_dir("/proc/1/root/").is_ok() {
-        "/proc/1/root".to_string()
-    } else {
-        format!("/proc/{}/root", std::process::id())
-    };
     run.arg(&tag);
     for a in c["args"].as_array().unwrap() {
         let a = a.as_str().unwrap();
-        // The one value kubelet would fill in, and a free port for this test.
+        // What kubelet fills in, free ports, the node's root (its init's: here the
+        // node's holder process), and gc every second instead of every 5 minutes.
         run.arg(if a.starts_with("--listen=") {
             format!("--listen=127.0.0.1:{port}")
-        } else if a == "--plugin-root=/proc/1/root" {
-            format!("--plugin-root={node_root}")
+        } else if a.starts_with("--probe-listen=") {
+            format!("--probe-listen=127.0.0.1:{}", free_port())
+        } else if a == "--node-root=/proc/1/root" || a == "--plugin-root=/proc/1/root" {
+            format!("--node-root={}", node.root())
+        } else if a.starts_with("--gc-interval=") {
+            "--gc-interval=1".to_string()
         } else {
             a.to_string()
         });
     }
-
-    let conf = host_dir("/etc/cni/net.d").join("10-pods.conflist");
-    let plain = serde_json::json!({"cniVersion": "1.0.0", "name": "pods", "plugins": [
-        {"type": "bridge", "bridge": "climg0", "ipam": {"type": "host-local", "subnet": "198.18.250.0/24"}},
-        {"type": "portmap", "capabilities": {"portMappings": true}}]});
-    fs::write(&conf, serde_json::to_vec_pretty(&plain).unwrap()).unwrap();
-    // The node's runtime at its default socket, serving the node's conf dir: the agent
-    // in the container must find it through the manifest's --plugin-root alone.
-    let runtime = NodeContainerd::start(&node, &host_dir("/opt/cni/bin"), &conf);
+    // Not in the manifest (its defaults are 60 s and 10 min): no grace, and a runtime
+    // minimum age the test can wait out, above the slow ADD below.
+    run.args(["--grace=0", "--cri-min-age=20"]);
     struct Cleanup(String, String);
     impl Drop for Cleanup {
         fn drop(&mut self) {
@@ -243,51 +298,127 @@ fn image_builds_with_podman_and_the_agent_in_it_injects_into_the_host_conf_dir()
             String::from_utf8_lossy(&o.stderr)
         )
     };
-    wait_for(Duration::from_secs(20), || ledger_first(&conf))
-        .unwrap_or_else(|| panic!("not injected from the container:\n{}", logs()));
-    let installed = host_dir("/opt/cni/bin").join("cni-ledger");
-    wait_for(Duration::from_secs(20), || installed.exists())
-        .unwrap_or_else(|| panic!("binary not installed:\n{}", logs()));
-    assert_eq!(sha256_hex(&installed), sha256_hex(&image_bin));
-    let url = format!("http://127.0.0.1:{port}/readyz");
-    let ready = || {
-        Command::new("curl")
-            .args(["-sf", "--max-time", "2", &url])
-            .output()
-            .is_ok_and(|o| o.status.success())
+    let agent = Agent {
+        child: None,
+        port,
+        netns: Some(net.name().to_string()),
+        log: PathBuf::new(),
     };
-    wait_for(Duration::from_secs(10), ready)
+    wait_for(Duration::from_secs(30), || agent.get("/readyz").0 == 200)
         .unwrap_or_else(|| panic!("/readyz never 200:\n{}", logs()));
-    assert!(host_dir("/var/lib/cni-ledger").join("records").is_dir());
-
-    // Its first gc run asked containerd, through the node's root, about the network
-    // containerd says it serves.
-    let metrics_url = format!("http://127.0.0.1:{port}/metrics");
-    let up = format!(
-        r#"cni_ledger_cri_up{{endpoint="unix://{node_root}/run/containerd/containerd.sock"}}"#
-    );
-    let metrics = || {
-        let o = Command::new("curl")
-            .args(["-s", "--max-time", "2", &metrics_url])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&o.stdout).into_owned()
+    assert!(ledger_first(&conf), "{}", logs());
+    let installed = node.reach("/opt/cni/bin/cni-ledger");
+    assert_eq!(sha256_hex(&installed), sha256_hex(&image_bin));
+    let ep = |socket: &str| format!("endpoint=\"unix://{socket}\"");
+    let containerd = ep("/run/containerd/containerd.sock");
+    let runs = r#"cni_ledger_gc_runs_total{result="ok"}"#;
+    let metric = |series: &str| sample(&agent.metrics(), series);
+    let wait_metric = |what: &str, cond: &dyn Fn(&str) -> bool| {
+        wait_for(Duration::from_secs(40), || cond(&agent.metrics()))
+            .unwrap_or_else(|| panic!("{what}:\n{}\n{}", agent.metrics(), logs()));
     };
-    wait_for(Duration::from_secs(20), || {
-        sample(&metrics(), &up) == Some(1.0)
-    })
-    .unwrap_or_else(|| {
-        panic!(
-            "containerd not asked:\n{}\n{}\n{}",
-            metrics(),
-            logs(),
-            runtime.log()
-        )
+    wait_metric("containerd asked at the node's socket", &|m| {
+        sample(m, &format!("cni_ledger_cri_up{{{containerd}}}")) == Some(1.0)
     });
-    if runtime.ours {
-        assert!(logs().contains("judging networks pods"), "{}", logs());
+
+    // Pods made by containerd through CRI, recorded with the path containerd gives.
+    let live = ctrd.run_sandbox("live-1", 18101);
+    let forgotten = ctrd.run_sandbox("live-2", 18102);
+    for id in [&live, &forgotten] {
+        let rec = record(&node, &network, id).unwrap_or_else(|| {
+            let records = fs::read_dir(node.reach("/var/lib/cni-ledger/records"))
+                .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>());
+            panic!(
+                "{id} unrecorded: {records:?}\n{}\n{}",
+                fs::read_to_string(&conf).unwrap_or_default(),
+                logs()
+            )
+        });
+        let netns = rec["netns"].as_str().unwrap();
+        assert!(netns.starts_with("/var/run/netns/"), "{rec}");
+        assert!(holds_address(&node, &network, id));
     }
 
+    // A pod whose chain takes 8 s, longer than the grace: gc runs all along, and its
+    // record, written before the chain ran, is not in containerd's list until
+    // RunPodSandbox returns. Nothing may tear it down.
+    let before = metric(runs).unwrap_or(0.0);
+    let slow = std::thread::scope(|s| {
+        let ctrd = &ctrd;
+        s.spawn(move || ctrd.run_sandbox("slow-1", 18103))
+            .join()
+            .unwrap()
+    });
+    assert!(
+        metric(runs).unwrap_or(0.0) >= before + 4.0,
+        "gc did not run during the slow ADD:\n{}",
+        logs()
+    );
+    assert!(holds_address(&node, &network, &slow));
+    let settled = metric(runs).unwrap_or(0.0);
+    wait_metric("three more gc runs", &|m| {
+        sample(m, runs).unwrap_or(0.0) >= settled + 3.0
+    });
+    assert_eq!(all_dels(&node), Vec::<String>::new(), "{}", logs());
+    for id in [&live, &forgotten, &slow] {
+        assert!(record(&node, &network, id).is_some(), "{id}\n{}", logs());
+    }
+
+    // containerd forgets one pod (its state wiped behind its back, the namespace kept)
+    // and stops; a stray runtime with no sandboxes answers at k3s's default socket. Its
+    // empty list cannot be right about pods whose namespaces are verifiably there.
+    ctrd.forget_and_stop(&forgotten);
+    let stray_dir = Containerd::configure_dirs(
+        &tmp.path().join("stray"),
+        "/run/k3s/containerd/containerd.sock",
+        Path::new("/opt/cni/bin"),
+        Path::new("/etc/cni/net.d"),
+    );
+    let mut stray = Containerd::launch(
+        &stray_dir,
+        net.name(),
+        Some(&node),
+        "/run/k3s/containerd/containerd.sock",
+    );
+    let k3s = ep("/run/k3s/containerd/containerd.sock");
+    wait_metric("the stray runtime's list refused", &|m| {
+        sample(m, &format!("cni_ledger_cri_up{{{k3s}}}")) == Some(1.0)
+            && sample(m, "cni_ledger_cri_refused") == Some(1.0)
+    });
+    let (code, body) = agent.get("/readyz");
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.contains("WARN cri:") && body.contains("cannot be right"),
+        "{body}"
+    );
+    let settled = metric(runs).unwrap_or(0.0);
+    wait_metric("two more gc runs", &|m| {
+        sample(m, runs).unwrap_or(0.0) >= settled + 2.0
+    });
+    assert_eq!(all_dels(&node), Vec::<String>::new(), "{}", logs());
+    stray.stop();
+
+    // containerd back, without the forgotten pod: that one alone is released, its
+    // address and port mapping with it, by a replay that goes through the chain.
+    let mut ctrd = Containerd::launch(&dir, net.name(), Some(&node), Containerd::DEFAULT_SOCKET);
+    wait_for(Duration::from_secs(60), || {
+        record(&node, &network, &forgotten).is_none()
+    })
+    .unwrap_or_else(|| panic!("forgotten pod never released:\n{}", logs()));
+    assert_eq!(calls(&node, "DEL", &forgotten), 1, "{:?}", all_dels(&node));
+    assert!(!holds_address(&node, &network, &forgotten));
+    assert_eq!(metric("cni_ledger_cri_refused"), Some(0.0));
+    for id in [&live, &slow] {
+        assert_eq!(calls(&node, "DEL", id), 0, "{:?}", all_dels(&node));
+        assert!(record(&node, &network, id).is_some());
+        assert!(holds_address(&node, &network, id));
+    }
+
+    // The runtime's own DELs of the live pods end their records; nothing is left.
+    for id in [&live, &slow] {
+        ctrd.stop_and_remove(id);
+        assert!(record(&node, &network, id).is_none(), "{id}");
+    }
     // podman stop sends SIGTERM: exit 0, and the conflist stays injected.
     ok(
         Command::new("podman")
@@ -310,85 +441,5 @@ fn image_builds_with_podman_and_the_agent_in_it_injects_into_the_host_conf_dir()
         logs()
     );
     assert!(ledger_first(&conf));
-}
-
-/// containerd at the node's default socket, /run/containerd/containerd.sock, with its
-/// own root and state under the scratch node: the DaemonSet's agent reaches it under
-/// its --plugin-root, /proc/1/root/run/containerd/containerd.sock on a node. A runtime
-/// already listening there (a developer's machine) is used as it is: the agent only
-/// reads from it.
-struct NodeContainerd {
-    child: Option<std::process::Child>,
-    dir: PathBuf,
-    made_dir: bool,
-    ours: bool,
-}
-
-impl NodeContainerd {
-    const SOCKET: &'static str = "/run/containerd/containerd.sock";
-
-    fn start(node: &TempDir, bin_dir: &Path, conf: &Path) -> NodeContainerd {
-        let dir = node.path().join("containerd");
-        fs::create_dir_all(&dir).unwrap();
-        if Path::new(Self::SOCKET).exists() {
-            return NodeContainerd {
-                child: None,
-                dir,
-                made_dir: false,
-                ours: false,
-            };
-        }
-        let made_dir = !Path::new("/run/containerd").exists();
-        fs::create_dir_all("/run/containerd").unwrap();
-        let config = containerd_config(
-            &dir,
-            Self::SOCKET,
-            bin_dir,
-            conf.parent().unwrap(),
-            "registry.invalid/cni-ledger-test/pause:1",
-        );
-        fs::write(dir.join("config.toml"), config).unwrap();
-        let log = fs::File::create(dir.join("containerd.log")).unwrap();
-        let child = Command::new("containerd")
-            .arg("--config")
-            .arg(dir.join("config.toml"))
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start containerd");
-        let c = NodeContainerd {
-            child: Some(child),
-            dir,
-            made_dir,
-            ours: true,
-        };
-        wait_for(Duration::from_secs(30), || Path::new(Self::SOCKET).exists())
-            .unwrap_or_else(|| panic!("containerd did not come up:\n{}", c.log()));
-        c
-    }
-
-    fn log(&self) -> String {
-        fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for NodeContainerd {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill").arg(child.id().to_string()).status();
-            if wait_for(Duration::from_secs(20), || {
-                child.try_wait().ok().flatten().is_some()
-            })
-            .is_none()
-            {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
-        // Made for this containerd, which also made its shim and runc dirs in it.
-        if self.made_dir {
-            let _ = fs::remove_dir_all("/run/containerd");
-        }
-    }
+    ctrd.stop();
 }

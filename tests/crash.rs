@@ -679,6 +679,12 @@ fn trials(point: &'static str) -> Vec<(Trial, u64)> {
                     op = Op::Gc(1);
                 }
             },
+            // gc's n-th successful replay: record and cache entry gone, key just released.
+            "gc.key-released" => {
+                setup.stale_gone = rng.range(1, 4);
+                n = rng.range(1, setup.stale_gone + setup.stale_boot + 1) as u32;
+                op = Op::Gc(1);
+            }
             "quarantine.renamed" => match i % 4 {
                 0 => {
                     setup.damaged = rng.range(1, 4);
@@ -771,6 +777,11 @@ fn crash_while_removing_records_and_snapshots() {
 }
 
 #[test]
+fn crash_after_a_replay_released_its_key() {
+    run_points(&["gc.key-released"]);
+}
+
+#[test]
 fn crash_while_quarantining() {
     run_points(&["quarantine.renamed"]);
 }
@@ -804,6 +815,7 @@ fn every_crash_point_is_covered() {
         "snapshot.dir-synced",
         "remove.unlinked",
         "quarantine.renamed",
+        "gc.key-released",
     ];
     let mut found = BTreeSet::new();
     for part in src.split("crash_point(").skip(1) {

@@ -153,6 +153,8 @@ fn gc_returns_the_device_of_a_not_valid_record_whose_namespace_lives() {
     let (out, rep) = f.gc(&[
         "--grace",
         "0",
+        "--network",
+        &f.network,
         "--valid-attachments",
         valid.to_str().unwrap(),
     ]);

@@ -748,11 +748,35 @@ fn valid_attachments_file_replays_exactly_the_unlisted_one() {
     assert_eq!(code, 0);
     assert_eq!(rep["summary"]["live"], json!(3), "{rep:#}");
 
+    // A list names no network: without --network it would make every other network's
+    // records stale too, so it is refused before anything is judged.
+    let before = tree_state(&f.ledger_dir);
+    let (out, _) = f.gc(&[
+        "--grace",
+        "0",
+        "--valid-attachments",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(exit_code(&out), 2, "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--network"),
+        "{}",
+        describe(&out)
+    );
+    assert_eq!(tree_state(&f.ledger_dir), before);
+    assert!(
+        probe_calls(&f, "DEL", "c-c").is_empty(),
+        "{}",
+        probe_log(&f)
+    );
+
     let (code, rep, out) = gc_json(
         &f,
         &[
             "--grace",
             "0",
+            "--network",
+            &f.network,
             "--valid-attachments",
             file.to_str().unwrap(),
         ],
@@ -1119,4 +1143,208 @@ fn symlink_in_records_is_reported_damaged_and_not_followed() {
         "quarantine holds a copy, not the link"
     );
     assert!(q.starts_with(f.quarantine_dir().to_str().unwrap()), "{q}");
+}
+
+/// `gc --json --cni-cache-dir ... <args>` with reading the record file `name` failing
+/// with `errno` (the `testing` build's fault hook), as a failing disk (EIO), an
+/// exhausted fd table (EMFILE) or memory (ENOMEM) would make it.
+fn gc_with_read_errno(f: &Fixture, errno: i32, name: &str, args: &[&str]) -> Output {
+    let cache = f.cache_dir.to_string_lossy().into_owned();
+    let mut all = vec!["gc", "--cni-cache-dir", cache.as_str()];
+    all.extend_from_slice(args);
+    let mut c = f.ledger_cmd(&all);
+    c.env("CNI_LEDGER_TEST_READ_ERRNO", format!("{errno}:{name}"));
+    c.output().unwrap()
+}
+
+#[test]
+fn a_record_that_cannot_be_read_is_left_in_place_and_reported_unreadable() {
+    let f = fixture_with(
+        true,
+        vec![json!({"type": PROBE, "logFile": "{tmp}/probe.log"})],
+    );
+    let mut ns = Netns::new();
+    let cid = "c-eio";
+    let ip = add_ok(&f, cid, &ns, None);
+    ns.delete();
+    let rec = f.record_path(cid, "eth0");
+    let name = rec.file_name().unwrap().to_str().unwrap().to_string();
+    let bytes = fs::read(&rec).unwrap();
+
+    for (errno, text) in [
+        (5, "Input/output error"),
+        (24, "Too many open files"),
+        (12, "Cannot allocate memory"),
+    ] {
+        let out = gc_with_read_errno(&f, errno, &name, &["--json", "--grace", "0"]);
+        let rep: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("no JSON report ({e}): {}", describe(&out)));
+        // Left for later: not damage, not clean either.
+        assert_eq!(exit_code(&out), 1, "{}", describe(&out));
+        assert_eq!(rep["summary"]["damaged"], json!(0), "{rep:#}");
+        assert_eq!(rep["summary"]["unreadable"], json!(1), "{rep:#}");
+        assert!(rep["damaged"].as_array().unwrap().is_empty(), "{rep:#}");
+        let u = &rep["unreadable"][0];
+        assert_eq!(u["file"], json!(rec.display().to_string()), "{rep:#}");
+        assert!(u["error"].as_str().unwrap().contains(text), "{rep:#}");
+        assert!(rep["records"].as_array().unwrap().is_empty(), "{rep:#}");
+        // The record is where it was, byte for byte; nothing went to quarantine.
+        assert_eq!(fs::read(&rec).unwrap(), bytes, "errno {errno}");
+        assert!(
+            f.quarantine_files().is_empty(),
+            "{:?}",
+            f.quarantine_files()
+        );
+        assert!(probe_calls(&f, "DEL", cid).is_empty(), "{}", probe_log(&f));
+        assert!(ipam_file(&f, &ip).exists());
+    }
+    // The human summary says so too, and `list` leaves it as well.
+    let out = gc_with_read_errno(&f, 5, &name, &["--grace", "0"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(", damaged 0, unreadable 1\n"), "{text}");
+    assert!(
+        text.contains(&format!("unreadable: {}", rec.display())),
+        "{text}"
+    );
+    let mut c = f.ledger_cmd(&["list", "--json"]);
+    c.env("CNI_LEDGER_TEST_READ_ERRNO", format!("5:{name}"));
+    let out = c.output().unwrap();
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows[0]["state"], json!("unknown"), "{rows:#}");
+    assert_eq!(rows[0]["reason"], json!("unreadable"), "{rows:#}");
+    assert_eq!(fs::read(&rec).unwrap(), bytes);
+    assert!(f.quarantine_files().is_empty());
+
+    // Readable again: the next run judges and releases it.
+    let (code, rep, out) = gc_json(&f, &["--grace", "0"]);
+    assert_eq!(code, 0, "{}", describe(&out));
+    assert_eq!(
+        report_rec(&rep, cid)["action"],
+        json!("replayed"),
+        "{rep:#}"
+    );
+    assert!(rep.get("unreadable").is_none(), "{rep:#}");
+    assert!(!ipam_file(&f, &ip).exists());
+    assert!(!rec.exists());
+}
+
+#[test]
+fn the_cache_entry_is_gone_before_the_key_is_released() {
+    // Once gc lets go of the key, an adopt that finds no record must find no cache
+    // entry of the attachment just released either (or it would adopt it again).
+    let f = fixture_with(false, vec![]);
+    let mut ns = Netns::new();
+    let cid = "c-order";
+    let ip = add_ok(&f, cid, &ns, None);
+    ns.delete();
+    let cache = f.cache_result_path(cid, "eth0");
+    assert!(cache.exists(), "libcni cached nothing");
+    let cache_dir = f.cache_dir.to_string_lossy().into_owned();
+    let mut c = f.ledger_cmd(&["gc", "--cni-cache-dir", &cache_dir, "--grace", "0"]);
+    // Killed the moment the key is released: what is on disk then is what an adopt
+    // taking the key next would see.
+    c.env("CNI_LEDGER_TEST_CRASH_AT", "gc.key-released");
+    let out = c.output().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&out.status),
+        Some(9),
+        "not killed at the crash point: {}",
+        describe(&out)
+    );
+    assert!(!f.record_path(cid, "eth0").exists());
+    assert!(!cache.exists(), "the cache entry outlived the key lock");
+    assert!(!ipam_file(&f, &ip).exists());
+}
+
+#[test]
+fn no_file_descriptor_left_to_read_records_quarantines_nothing() {
+    let f = fixture_with(
+        true,
+        vec![json!({"type": PROBE, "logFile": "{tmp}/probe.log"})],
+    );
+    let live = Netns::new();
+    add_ok(&f, "c-fd-live", &live, None);
+    let mut gone = Netns::new();
+    let ip = add_ok(&f, "c-fd-gone", &gone, None);
+    gone.delete();
+    let before = tree_state(&f.records_dir());
+    // Room for stdio and the records directory being listed, none for a record: every
+    // read fails with EMFILE, as on a node whose gc ran out of descriptors.
+    let cache = f.cache_dir.to_string_lossy().into_owned();
+    let out = f
+        .host
+        .cmd("prlimit")
+        .arg("--nofile=5")
+        .arg(ledger_bin())
+        .args(["gc", "--json", "--grace", "0", "--cni-cache-dir", &cache])
+        .arg("--ledger-dir")
+        .arg(&f.ledger_dir)
+        .output()
+        .unwrap();
+    let rep: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("no JSON report ({e}): {}", describe(&out)));
+    assert_eq!(exit_code(&out), 1, "{}", describe(&out));
+    assert_eq!(rep["summary"]["unreadable"], json!(2), "{rep:#}");
+    assert_eq!(rep["summary"]["damaged"], json!(0), "{rep:#}");
+    for u in rep["unreadable"].as_array().unwrap() {
+        assert!(
+            u["error"].as_str().unwrap().contains("Too many open files"),
+            "{rep:#}"
+        );
+    }
+    assert_eq!(tree_state(&f.records_dir()), before, "records changed");
+    assert!(
+        f.quarantine_files().is_empty(),
+        "{:?}",
+        f.quarantine_files()
+    );
+    assert!(probe_calls(&f, "DEL", "c-fd-gone").is_empty());
+
+    // With descriptors again, the stale one is released and the live one kept.
+    let (code, rep, out) = gc_json(&f, &["--grace", "0"]);
+    assert_eq!(code, 0, "{}", describe(&out));
+    assert_eq!(report_cids(&rep), ["c-fd-gone"], "{rep:#}");
+    assert!(!ipam_file(&f, &ip).exists());
+    assert!(f.record_path("c-fd-live", "eth0").exists());
+}
+
+#[test]
+fn the_snapshot_of_an_unreadable_record_is_not_swept() {
+    let f = fixture_with(false, vec![]);
+    let mut ns_x = Netns::new();
+    let mut ns_y = Netns::new();
+    let ip_x = add_ok(&f, "c-x", &ns_x, None);
+    add_ok(&f, "c-y", &ns_y, None);
+    ns_x.delete();
+    ns_y.delete();
+    let snapshot = record_json(&f, "c-x")["record"]["snapshot"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let snapshot_file = f.snapshots_dir().join(format!("{snapshot}.json"));
+    assert!(snapshot_file.exists());
+    // c-y's replay removes the last readable record naming the snapshot, and the run
+    // then sweeps unreferenced snapshots: c-x, unread, still names it.
+    let rec_x = f.record_path("c-x", "eth0");
+    let name = rec_x.file_name().unwrap().to_str().unwrap().to_string();
+    let out = gc_with_read_errno(&f, 5, &name, &["--json", "--grace", "0"]);
+    let rep: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("no JSON report ({e}): {}", describe(&out)));
+    assert_eq!(
+        report_rec(&rep, "c-y")["action"],
+        json!("replayed"),
+        "{rep:#}"
+    );
+    assert_eq!(rep["summary"]["unreadable"], json!(1), "{rep:#}");
+    assert!(
+        snapshot_file.exists(),
+        "the unread record's snapshot was swept"
+    );
+
+    let (code, rep, out) = gc_json(&f, &["--grace", "0"]);
+    assert_eq!(code, 0, "{}", describe(&out));
+    let r = report_rec(&rep, "c-x");
+    assert_eq!(r["action"], json!("replayed"), "{r:#}");
+    assert_eq!(r["configSource"], json!("snapshot"), "{r:#}");
+    assert!(!ipam_file(&f, &ip_x).exists());
 }

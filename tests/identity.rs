@@ -321,7 +321,7 @@ fn assert_only_the_dead_released(
     assert!(links_before.contains(live_ip), "{links_before}");
 
     let valid = valid_file(f, &[("live", "eth0")]);
-    let rep = gc(f, &["--valid-attachments", &valid]);
+    let rep = gc(f, &["--network", &f.network, "--valid-attachments", &valid]);
     for (cid, reason) in [("dead1", "netns-replaced"), ("dead2", "not-valid")] {
         let r = report(&rep, cid);
         assert_eq!(

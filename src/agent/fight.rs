@@ -32,6 +32,20 @@ pub enum Verdict {
     Backoff { wait: Duration, started: bool },
 }
 
+/// `LIMIT`, which test builds may raise (`CNI_LEDGER_TEST_FIGHT_LIMIT`) for tests that
+/// race a writer against the agent hundreds of times and are about lost updates, not
+/// about backing off.
+fn limit() -> usize {
+    #[cfg(feature = "testing")]
+    if let Some(n) = std::env::var("CNI_LEDGER_TEST_FIGHT_LIMIT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return n;
+    }
+    LIMIT
+}
+
 impl Fight {
     fn prune(&mut self, now: Instant) {
         while self
@@ -46,7 +60,7 @@ impl Fight {
     pub fn on_revert(&mut self, now: Instant) -> Verdict {
         self.reverts.push_back(now);
         self.prune(now);
-        if self.reverts.len() <= LIMIT {
+        if self.reverts.len() <= limit() {
             return Verdict::Now;
         }
         let started = self.level == 0;

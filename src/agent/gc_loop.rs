@@ -3,7 +3,7 @@
 //! the CRI runtimes are asked for their pod sandboxes, so no record is judged by a list
 //! older than itself.
 
-use super::{conf, CriEndpoints, Options, Shared, Stop};
+use super::{conf, Choice, CriEndpoints, Options, Shared, Stop};
 use crate::ledger::Ledger;
 use std::path::Path;
 use std::time::Instant;
@@ -11,13 +11,19 @@ use std::time::Instant;
 pub fn run(shared: &Shared, opts: &Options, stop: &Stop) {
     let mut seen = Seen::default();
     loop {
+        shared.liveness.beat(&shared.liveness.gc);
         let t0 = Instant::now();
         let mut gc = opts.gc.clone();
         gc.cri = ask_runtimes(opts, shared, &mut seen);
         match crate::gc::run(&gc) {
-            Ok(report) => shared
-                .metrics
-                .observe_gc(&report, t0.elapsed().as_secs_f64()),
+            Ok(report) => {
+                shared
+                    .metrics
+                    .observe_gc(&report, t0.elapsed().as_secs_f64());
+                if let Ok(mut refused) = shared.cri_refused.lock() {
+                    *refused = report.cri_refused;
+                }
+            }
             Err(e) => {
                 crate::error!("agent: gc: {e:#}");
                 shared.metrics.observe_gc_error(t0.elapsed().as_secs_f64());
@@ -71,9 +77,8 @@ fn endpoints(opts: &Options) -> Vec<String> {
     match &opts.cri {
         CriEndpoints::Off => Vec::new(),
         CriEndpoints::Given(e) => e.clone(),
-        CriEndpoints::Auto => {
-            crate::cri::discover(opts.gc.plugin_root.as_deref().unwrap_or(Path::new("/")))
-        }
+        // The agent runs in the node's root (--node-root): the node's own sockets.
+        CriEndpoints::Auto => crate::cri::discover(Path::new("/")),
     }
 }
 
@@ -81,24 +86,32 @@ fn endpoints(opts: &Options) -> Vec<String> {
 /// conflists' that the runtime says it serves.
 fn consult(opts: &Options, endpoints: &[String]) -> crate::cri::Consulted {
     use crate::cri::Served;
-    let (networks, served) = if opts.cri_networks.is_empty() {
+    // Named networks are judged as named; otherwise the runtimes say which they serve.
+    let (networks, reported) = if opts.cri_networks.is_empty() {
         let nets = conf::networks(&opts.conf_dir, &opts.choice).unwrap_or_else(|e| {
             crate::error!("agent: {e:#}; nothing is judged by sandbox lists this run");
             Vec::new()
         });
-        let root = opts.gc.plugin_root.as_deref().unwrap_or(Path::new("/"));
-        let served = Served::Reported {
-            conf_dir: &opts.conf_dir,
-            root,
-        };
-        (nets, served)
+        (nets, true)
     } else {
-        (opts.cri_networks.clone(), Served::Any)
+        (opts.cri_networks.clone(), false)
     };
     if networks.is_empty() {
         return crate::cri::Consulted::default();
     }
     let discovered = opts.cri == CriEndpoints::Auto;
+    let default_network = conf::networks(&opts.conf_dir, &Choice::First)
+        .ok()
+        .and_then(|n| n.into_iter().next());
+    let served = if reported {
+        Served::Reported {
+            conf_dir: &opts.conf_dir,
+            default_network: default_network.as_deref(),
+            discovered,
+        }
+    } else {
+        Served::Any
+    };
     crate::cri::consult(
         endpoints,
         &networks,

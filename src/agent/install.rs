@@ -4,8 +4,7 @@
 //! name leaves a running copy its own inode and every new exec a whole file.
 
 use anyhow::{Context, Result};
-use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// What the agent last verified in one bin dir; a change of any of these re-checks bytes.
@@ -103,28 +102,14 @@ impl Installer {
 
 fn replace_executable(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    // A fresh O_EXCL temp: a name planted in the bin dir (a symlink to a file the agent
+    // would then overwrite as root) is never opened.
+    let tmp = crate::ledger::fsio::write_temp(dir, name, bytes, "binary", 0o755)?;
     let target = dir.join(name);
-    let result = (|| -> Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o755)
-            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-            .open(&tmp)
-            .with_context(|| format!("creating {}", tmp.display()))?;
-        f.set_permissions(std::fs::Permissions::from_mode(0o755))?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &target)
-            .with_context(|| format!("replacing {}", target.display()))?;
-        Ok(())
-    })();
-    if result.is_err() {
+    if let Err(e) = std::fs::rename(&tmp, &target) {
         let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("replacing {}", target.display()));
     }
-    result?;
     crate::ledger::fsio::fsync_dir(dir).with_context(|| format!("syncing {}", dir.display()))?;
     Ok(())
 }
@@ -132,6 +117,7 @@ fn replace_executable(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn installs_once_and_again_after_a_change() {

@@ -28,6 +28,7 @@ pub struct Metrics {
     pub cri_up: IntGaugeVec,
     pub cri_sandboxes: IntGaugeVec,
     pub cri_unanswered: IntCounterVec,
+    pub cri_refused: Gauge,
 }
 
 /// Outcomes of a replay, as `cni_ledger_replays_total{outcome}` counts them.
@@ -90,6 +91,10 @@ impl Metrics {
                 "reason",
             ),
             quarantined,
+            cri_refused: gauge(
+                "cni_ledger_cri_refused",
+                "1 when the last gc run judged nothing by the CRI runtimes' sandbox list because it could not be right (it misses most of a network's sandboxes whose namespaces are verifiably there), else 0.",
+            ),
             replays: counter_vec(
                 "cni_ledger_replays_total",
                 "DEL replays by outcome: replayed (record removed), retrying (failed, will retry), failed (gave up).",
@@ -183,6 +188,8 @@ impl Metrics {
         for (reason, n) in stale {
             self.stale.with_label_values(&[reason]).set(n);
         }
+        self.cri_refused
+            .set(f64::from(u8::from(report.cri_refused.is_some())));
         self.gc_runs.with_label_values(&["ok"]).inc();
         self.gc_runs.with_label_values(&["error"]).inc_by(0);
         self.gc_duration.set(secs);

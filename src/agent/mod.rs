@@ -6,7 +6,9 @@
 //!   plus a periodic resync) and backing off from a writer that keeps reverting it;
 //! - counts attachments made while the ledger was out of the chain (libcni's cache);
 //! - runs gc at start and every `gc_interval`;
-//! - serves `/metrics`, `/healthz` and `/readyz`, read-only.
+//! - serves `/metrics`, `/healthz` and `/readyz`, read-only, and the probes alone on
+//!   `--probe-listen` when given, so that clients of the metrics port cannot starve
+//!   kubelet's probes; `/healthz` fails when the watcher or gc thread has ended.
 //!
 //! None of this is reachable from the plugin face: `main` selects the plugin when
 //! `CNI_COMMAND` is set before any CLI code runs.
@@ -25,11 +27,12 @@ use nix::sys::signal::{SigSet, Signal};
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use conf::Choice;
+pub use http::parse_listen;
 
 pub struct Options {
     pub bin_dirs: Vec<PathBuf>,
@@ -37,6 +40,8 @@ pub struct Options {
     pub choice: Choice,
     pub plugin_type: String,
     pub listen: SocketAddr,
+    /// A listener of its own for `/healthz` and `/readyz` (kubelet's probes).
+    pub probe_listen: Option<SocketAddr>,
     pub gc_interval: Duration,
     pub resync: Duration,
     /// gc's options; also names the ledger dir and libcni's cache dir.
@@ -72,6 +77,9 @@ pub struct Status {
     pub ledger_error: Option<String>,
     /// The first reconcile has run.
     pub checked: bool,
+    /// Why the last gc run judged nothing by the CRI runtimes' list, when it did not
+    /// (kept by the gc loop in `Shared::cri_refused`, filled in by `Shared::status`).
+    pub cri_refused: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -126,6 +134,10 @@ impl Status {
                 lines.push(format!("FAIL ledger dir: {e}"));
             }
         }
+        // Not a readiness failure: the agent is doing its job by refusing.
+        if let Some(why) = &self.cri_refused {
+            lines.push(format!("WARN cri: {why}"));
+        }
         let mut body = lines.join("\n");
         body.push('\n');
         (ok, body)
@@ -135,14 +147,149 @@ impl Status {
 /// State shared by the agent's threads. The server only reads it.
 pub struct Shared {
     pub metrics: metrics::Metrics,
+    /// Written by the watcher, a whole pass at a time.
     pub status: Mutex<Status>,
+    /// Written by the gc loop after each run.
+    pub cri_refused: Mutex<Option<String>>,
+    pub liveness: Liveness,
 }
 
 impl Shared {
     pub fn status(&self) -> Status {
-        self.status.lock().map(|s| s.clone()).unwrap_or_default()
+        let mut status = self.status.lock().map(|s| s.clone()).unwrap_or_default();
+        status.cri_refused = self.cri_refused.lock().ok().and_then(|r| r.clone());
+        status
     }
 }
+
+/// Whether the agent's working threads still run, for `/healthz`. Only an ended thread
+/// fails it: a gc run blocked in replays (each bounded by `--timeout`) or a watcher in
+/// a long backoff is alive, and restarting the agent for being slow would only cut
+/// replays short. The last progress is shown to the reader, not judged.
+pub struct Liveness {
+    start: Instant,
+    pub watch: Heartbeat,
+    pub gc: Heartbeat,
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Liveness {
+            start: Instant::now(),
+            watch: Heartbeat::new("watch"),
+            gc: Heartbeat::new("gc"),
+        }
+    }
+}
+
+impl Liveness {
+    /// Alive, and one line per thread for the response body.
+    pub fn report(&self) -> (bool, String) {
+        let now = self.start.elapsed();
+        let mut ok = true;
+        let mut body = String::new();
+        for t in [&self.watch, &self.gc] {
+            let line = match t.state.load(Ordering::SeqCst) {
+                RUNNING => match t.last_progress() {
+                    None => format!("ok {} thread running, no loop completed yet", t.name),
+                    Some(at) => format!(
+                        "ok {} thread running, last loop started {}s ago",
+                        t.name,
+                        now.saturating_sub(at).as_secs()
+                    ),
+                },
+                state => {
+                    ok = false;
+                    let how = if state == PANICKED {
+                        "panicked"
+                    } else {
+                        "exited"
+                    };
+                    format!("FAIL {} thread {how}", t.name)
+                }
+            };
+            body.push_str(&line);
+            body.push('\n');
+        }
+        (ok, body)
+    }
+
+    /// Marks `t`'s loop as making progress now.
+    pub fn beat(&self, t: &Heartbeat) {
+        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+        t.last_ms.store(ms, Ordering::SeqCst);
+        let n = t.beats.fetch_add(1, Ordering::SeqCst) + 1;
+        thread_fault(t.name, n);
+    }
+}
+
+const RUNNING: u8 = 0;
+const EXITED: u8 = 1;
+const PANICKED: u8 = 2;
+const NEVER: u64 = u64::MAX;
+
+pub struct Heartbeat {
+    name: &'static str,
+    state: AtomicU8,
+    /// Milliseconds from the agent's start to the top of the last loop; NEVER before.
+    last_ms: AtomicU64,
+    beats: AtomicU64,
+}
+
+impl Heartbeat {
+    fn new(name: &'static str) -> Heartbeat {
+        Heartbeat {
+            name,
+            state: AtomicU8::new(RUNNING),
+            last_ms: AtomicU64::new(NEVER),
+            beats: AtomicU64::new(0),
+        }
+    }
+
+    fn last_progress(&self) -> Option<Duration> {
+        let ms = self.last_ms.load(Ordering::SeqCst);
+        (ms != NEVER).then(|| Duration::from_millis(ms))
+    }
+
+    /// Held by the thread for its whole life: dropped on return or unwind, it records
+    /// which.
+    fn running(&self) -> Running<'_> {
+        self.state.store(RUNNING, Ordering::SeqCst);
+        Running(self)
+    }
+}
+
+struct Running<'a>(&'a Heartbeat);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        let state = if std::thread::panicking() {
+            // The panic message went to stderr; the log file should say it too.
+            crate::error!("agent: the {} thread panicked; /healthz fails", self.0.name);
+            PANICKED
+        } else {
+            EXITED
+        };
+        self.0.state.store(state, Ordering::SeqCst);
+    }
+}
+
+/// `CNI_LEDGER_TEST_THREAD_PANIC=<thread>:<n>` (testing builds only) panics the named
+/// thread (`watch` or `gc`) at the top of its n-th loop, as a bug would.
+#[cfg(feature = "testing")]
+fn thread_fault(name: &str, beat: u64) {
+    let Ok(spec) = std::env::var("CNI_LEDGER_TEST_THREAD_PANIC") else {
+        return;
+    };
+    let (thread, nth) = spec.split_once(':').unwrap_or((spec.as_str(), "1"));
+    if thread == name && nth.parse::<u64>().unwrap_or(1) == beat {
+        panic!("CNI_LEDGER_TEST_THREAD_PANIC: {name} thread at loop {beat}");
+    }
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+fn thread_fault(_name: &str, _beat: u64) {}
 
 /// Shutdown request, visible to a sleeping loop (condvar), a poll (pipe) and gc (flag).
 pub struct Stop {
@@ -260,37 +407,61 @@ pub fn run(mut opts: Options) -> Result<i32> {
         "agent: serving /metrics /healthz /readyz on {}",
         listener.local_addr().unwrap_or(opts.listen)
     );
+    let probe_listener = match opts.probe_listen {
+        None => None,
+        Some(addr) => {
+            let l = std::net::TcpListener::bind(addr)
+                .with_context(|| format!("listening on {addr} (--probe-listen)"))?;
+            crate::info!(
+                "agent: serving /healthz /readyz for probes on {}",
+                l.local_addr().unwrap_or(addr)
+            );
+            Some(l)
+        }
+    };
     let shared = Arc::new(Shared {
         metrics: metrics::Metrics::new(),
         status: Mutex::new(Status::default()),
+        cri_refused: Mutex::new(None),
+        liveness: Liveness::default(),
     });
     let stop = Arc::new(Stop::new()?);
     opts.gc.stop = Some(stop.flag());
     let opts = Arc::new(opts);
 
-    {
+    let servers = [(Some(listener), http::Face::Main, "http")]
+        .into_iter()
+        .chain([(probe_listener, http::Face::Probes, "http-probes")]);
+    for (listener, face, name) in servers {
+        let Some(listener) = listener else { continue };
         let shared = shared.clone();
         std::thread::Builder::new()
-            .name("http".into())
+            .name(name.into())
             .spawn(move || {
-                if let Err(e) = http::serve(listener, shared) {
-                    crate::error!("agent: HTTP server stopped: {e:#}");
+                if let Err(e) = http::serve(listener, shared, face) {
+                    crate::error!("agent: HTTP server ({face:?}) stopped: {e:#}");
                 }
             })
-            .context("starting the HTTP thread")?;
+            .with_context(|| format!("starting the {name} thread"))?;
     }
     let watcher = {
         let (shared, stop, opts) = (shared.clone(), stop.clone(), opts.clone());
         std::thread::Builder::new()
             .name("watch".into())
-            .spawn(move || watch::Watcher::new(&opts, &shared).run(&stop))
+            .spawn(move || {
+                let _running = shared.liveness.watch.running();
+                watch::Watcher::new(&opts, &shared).run(&stop)
+            })
             .context("starting the watcher")?
     };
     let gc = {
         let (shared, stop, opts) = (shared.clone(), stop.clone(), opts.clone());
         std::thread::Builder::new()
             .name("gc".into())
-            .spawn(move || gc_loop::run(&shared, &opts, &stop))
+            .spawn(move || {
+                let _running = shared.liveness.gc.running();
+                gc_loop::run(&shared, &opts, &stop)
+            })
             .context("starting the gc loop")?
     };
 
@@ -319,7 +490,40 @@ mod tests {
             conf_error: None,
             ledger_error: None,
             checked: true,
+            cri_refused: None,
         }
+    }
+
+    #[test]
+    fn healthy_while_both_threads_run_and_the_body_names_an_ended_one() {
+        let l = Liveness::default();
+        {
+            let _watch = l.watch.running();
+            let gc = l.gc.running();
+            let (ok, body) = l.report();
+            assert!(ok, "{body}");
+            assert!(
+                body.contains("ok gc thread running, no loop completed yet"),
+                "{body}"
+            );
+            l.beat(&l.gc);
+            assert!(l.report().1.contains("ok gc thread running, last loop"));
+            drop(gc);
+            let (ok, body) = l.report();
+            assert!(!ok, "{body}");
+            assert!(body.contains("FAIL gc thread exited"), "{body}");
+            assert!(body.contains("ok watch thread running"), "{body}");
+        }
+        let l = Arc::new(Liveness::default());
+        let l2 = l.clone();
+        let r = std::thread::spawn(move || {
+            let _running = l2.watch.running();
+            panic!("a bug");
+        })
+        .join();
+        assert!(r.is_err());
+        let (ok, body) = l.report();
+        assert!(!ok && body.contains("FAIL watch thread panicked"), "{body}");
     }
 
     #[test]

@@ -9,6 +9,7 @@ use super::install::Installer;
 use super::{conf, gap, ConfStatus, Options, Shared, Status, Stop};
 use crate::injection::{self, EntryOptions};
 use crate::ledger::Ledger;
+use anyhow::Context;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use serde_json::Value;
@@ -20,6 +21,9 @@ use std::time::{Duration, Instant};
 
 /// Events that arrive together (a write, then a rename) are taken in one pass.
 const DEBOUNCE: Duration = Duration::from_millis(20);
+/// How many times one pass starts over on a file another writer keeps changing between
+/// the agent's read and its write; past that, that writer's next event brings a pass.
+const RESTARTS: usize = 5;
 /// How often to retry arming the watch while the conf dir is missing.
 const REARM: Duration = Duration::from_secs(1);
 
@@ -166,6 +170,7 @@ impl<'a> Watcher<'a> {
 
     pub fn run(mut self, stop: &Stop) {
         loop {
+            self.shared.liveness.beat(&self.shared.liveness.watch);
             self.arm();
             let wake = self.reconcile();
             let now = Instant::now();
@@ -320,15 +325,40 @@ impl<'a> Watcher<'a> {
     /// (a converted `.conf` becomes a `.conflist`), whether it is verified injected,
     /// whether anything was written, and the network's name.
     fn one(&mut self, path: &Path, now: Instant) -> (PathBuf, bool, bool, Option<String>) {
-        let bytes = match std::fs::read(path) {
-            Ok(b) => b,
+        for _ in 0..RESTARTS {
+            if let Some(done) = self.attempt(path, now) {
+                return done;
+            }
+        }
+        let st = self.files.entry(path.to_path_buf()).or_default();
+        st.error = Some(
+            "another writer kept changing it while the ledger was being put in; \
+             trying again at its next change"
+                .into(),
+        );
+        (path.to_path_buf(), false, false, None)
+    }
+
+    /// One read-plan-write of `path`; None when another writer changed the file between
+    /// the read and the write (nothing of theirs was replaced): start over.
+    fn attempt(
+        &mut self,
+        path: &Path,
+        now: Instant,
+    ) -> Option<(PathBuf, bool, bool, Option<String>)> {
+        if let Some(target) = injection::symlink_target(path) {
+            return Some(self.linked(path, &target));
+        }
+        let read = match injection::read_for_edit(path) {
+            Ok(r) => r,
             Err(e) => {
                 let st = self.files.entry(path.to_path_buf()).or_default();
-                st.error = Some(format!("reading: {e}"));
-                return (path.to_path_buf(), false, false, None);
+                st.error = Some(format!("{e:#}"));
+                return Some((path.to_path_buf(), false, false, None));
             }
         };
-        let ino = std::fs::metadata(path).ok().map(|m| m.ino());
+        let bytes = read.bytes.clone();
+        let ino = Some(read.ino());
         {
             let st = self.files.entry(path.to_path_buf()).or_default();
             if st.ours.as_deref() == Some(&bytes[..]) {
@@ -342,7 +372,7 @@ impl<'a> Watcher<'a> {
                     .ours_doc
                     .as_ref()
                     .and_then(|d| d["name"].as_str().map(String::from));
-                return (path.to_path_buf(), true, false, net);
+                return Some((path.to_path_buf(), true, false, net));
             }
         }
         let doc: Value = match serde_json::from_slice(&bytes) {
@@ -350,12 +380,12 @@ impl<'a> Watcher<'a> {
             Err(e) => {
                 let st = self.files.entry(path.to_path_buf()).or_default();
                 st.error = Some(format!("not JSON: {e}"));
-                return (path.to_path_buf(), false, false, None);
+                return Some((path.to_path_buf(), false, false, None));
             }
         };
         let net = doc["name"].as_str().map(String::from);
         if let Some(list) = injection::conflist_from_conf(&doc) {
-            return self.convert(path, &list, ino, now, net);
+            return self.convert(path, &read, &list, now, net);
         }
         let entry = EntryOptions {
             ledger_dir: self.entry_ledger.as_deref(),
@@ -366,7 +396,7 @@ impl<'a> Watcher<'a> {
             Err(e) => {
                 let st = self.files.entry(path.to_path_buf()).or_default();
                 st.error = Some(format!("{e:#}"));
-                return (path.to_path_buf(), false, false, net);
+                return Some((path.to_path_buf(), false, false, net));
             }
         };
         let st = self.files.entry(path.to_path_buf()).or_default();
@@ -375,27 +405,72 @@ impl<'a> Watcher<'a> {
             st.ours_doc = Some(planned.doc);
             st.ours_ino = ino;
             st.error = None;
-            return (path.to_path_buf(), true, false, net);
+            return Some((path.to_path_buf(), true, false, net));
         }
         if st.ours.is_some() {
             let replaced = ino != st.ours_ino;
             let what = describe_change(st.ours_doc.as_ref(), &planned.doc, replaced);
             if !Self::on_revert(self.shared, path, st, &what, now) {
-                return (path.to_path_buf(), false, false, net);
+                return Some((path.to_path_buf(), false, false, net));
             }
+            // Not ours any more: starting over within this pass is not another revert.
+            st.ours = None;
         }
         if st.fight.waiting_until(now).is_some() {
-            return (path.to_path_buf(), false, false, net);
+            return Some((path.to_path_buf(), false, false, net));
         }
         let ok = write_verified(
             path,
+            &read,
             &planned.text,
             &self.opts.plugin_type,
             &entry,
             st,
             self.shared,
-        );
-        (path.to_path_buf(), ok, true, net)
+        )?;
+        Some((path.to_path_buf(), ok, true, net))
+    }
+
+    /// A chosen file that is a symbolic link: read through it, never written (see
+    /// `injection::symlink_target`). Verified injected when the target already has the
+    /// ledger first, else shown in `/readyz` with what to do.
+    fn linked(&mut self, path: &Path, target: &Path) -> (PathBuf, bool, bool, Option<String>) {
+        let entry = EntryOptions {
+            ledger_dir: self.entry_ledger.as_deref(),
+            conf_dir: self.entry_conf.as_deref(),
+        };
+        let planned = std::fs::read(path)
+            .with_context(|| format!("reading {} through the link", path.display()))
+            .and_then(|b| injection::plan(path, &b, &self.opts.plugin_type, &entry, false));
+        let net = planned
+            .as_ref()
+            .ok()
+            .and_then(|p| p.doc["name"].as_str().map(String::from));
+        let st = self.files.entry(path.to_path_buf()).or_default();
+        // Not the agent's to keep: a later regular file here starts afresh.
+        st.ours = None;
+        st.ours_doc = None;
+        st.ours_ino = None;
+        let error = match planned {
+            Ok(p) if !p.changed => None,
+            Ok(_) | Err(_) => Some(format!(
+                "a symbolic link to {}: left as it is, without the ledger (the agent neither \
+                 replaces a link with a regular file nor writes into its target, which \
+                 belongs to whatever manages it, e.g. a ConfigMap's ..data/); put {} first \
+                 in the target's source, or choose a regular file with --conflist",
+                target.display(),
+                self.opts.plugin_type
+            )),
+        };
+        if error.is_some() && st.error != error {
+            crate::warn!(
+                "agent: {}: {}",
+                path.display(),
+                error.as_deref().unwrap_or_default()
+            );
+        }
+        st.error = error;
+        (path.to_path_buf(), st.error.is_none(), false, net)
     }
 
     /// Counts a revert; false when the re-injection must wait (a fight).
@@ -450,11 +525,12 @@ impl<'a> Watcher<'a> {
     fn convert(
         &mut self,
         path: &Path,
+        read: &injection::ReadConf,
         list: &Value,
-        ino: Option<u64>,
         now: Instant,
         net: Option<String>,
-    ) -> (PathBuf, bool, bool, Option<String>) {
+    ) -> Option<(PathBuf, bool, bool, Option<String>)> {
+        let ino = Some(read.ino());
         let target = path.with_extension("conflist");
         let aside = path.with_file_name(format!(
             "{}.cni-ledger-converted",
@@ -475,29 +551,59 @@ impl<'a> Watcher<'a> {
                 now,
             ) {
                 st.converted = true;
-                return (path.to_path_buf(), false, false, net);
+                return Some((path.to_path_buf(), false, false, net));
             }
         }
         if st.fight.waiting_until(now).is_some() {
-            return (path.to_path_buf(), false, false, net);
+            return Some((path.to_path_buf(), false, false, net));
         }
-        let result = (|| -> anyhow::Result<String> {
+        let result = (|| -> anyhow::Result<Option<String>> {
             let new = injection::transform(list, &self.opts.plugin_type, &entry, false)?;
             let mut text = serde_json::to_string_pretty(&new)?;
             text.push('\n');
-            if target.exists() && std::fs::read(&target).ok().as_deref() != Some(text.as_bytes()) {
-                anyhow::bail!(
+            // Converting an older version than the one there now would lose the newer.
+            if let Some(why) = injection::changed_since(path, read) {
+                crate::info!(
+                    "agent: {}: {why} after it was read; reading it again",
+                    path.display()
+                );
+                return Ok(None);
+            }
+            let made = match std::fs::read(&target) {
+                Ok(b) if b == text.as_bytes() => None,
+                Ok(_) => anyhow::bail!(
                     "cannot convert this single-plugin file: {} exists already",
                     target.display()
+                ),
+                Err(_) => Some(write_new(&target, read, text.as_bytes())?),
+            };
+            std::fs::rename(path, &aside)
+                .with_context(|| format!("renaming {} aside", path.display()))?;
+            if !injection::is_what_was_read(&aside, read) {
+                // A newer .conf landed between the check and the move: it goes back (unless
+                // a newer one still is in place), the conversion is undone, and it starts over.
+                if std::fs::hard_link(&aside, path).is_ok() {
+                    let _ = std::fs::remove_file(&aside);
+                }
+                if let Some(ino) = made {
+                    if std::fs::symlink_metadata(&target).is_ok_and(|m| m.ino() == ino) {
+                        let _ = std::fs::remove_file(&target);
+                    }
+                }
+                crate::ledger::fsio::fsync_dir(path.parent().unwrap_or(Path::new(".")))?;
+                crate::info!(
+                    "agent: {}: replaced while being converted; the other writer's version was \
+                     put back; reading it again",
+                    path.display()
                 );
+                return Ok(None);
             }
-            write_new(&target, path, text.as_bytes())?;
-            std::fs::rename(path, &aside)?;
             crate::ledger::fsio::fsync_dir(path.parent().unwrap_or(Path::new(".")))?;
-            Ok(text)
+            Ok(Some(text))
         })();
         match result {
-            Ok(_) => {
+            Ok(None) => None,
+            Ok(Some(_)) => {
                 st.converted = true;
                 st.ours_ino = None;
                 st.error = None;
@@ -516,33 +622,40 @@ impl<'a> Watcher<'a> {
                     .inc();
                 // Verify and adopt the new file as ours.
                 let (file, ok, _, _) = self.one(&target, now);
-                (file, ok, true, net)
+                Some((file, ok, true, net))
             }
             Err(e) => {
                 st.error = Some(format!("{e:#}"));
                 crate::error!("agent: {}: {e:#}", path.display());
-                (path.to_path_buf(), false, false, net)
+                Some((path.to_path_buf(), false, false, net))
             }
         }
     }
 }
 
-/// Writes the injected text by rename and reads it back; true when verified.
+/// Writes the injected text in place of the file `read` came from, unless another
+/// writer changed that file since (None: start over, nothing of theirs replaced), and
+/// reads it back; true when verified.
 fn write_verified(
     path: &Path,
+    read: &injection::ReadConf,
     text: &str,
     plugin_type: &str,
     entry: &EntryOptions,
     st: &mut FileState,
     shared: &Shared,
-) -> bool {
+) -> Option<bool> {
     let label = path.display().to_string();
-    let ino = match injection::write_replacing(path, text.as_bytes()) {
-        Ok(ino) => ino,
+    let ino = match injection::replace_if_unchanged(path, read, text.as_bytes()) {
+        Ok(injection::Replaced::Done { ino }) => ino,
+        Ok(injection::Replaced::Changed(why)) => {
+            crate::info!("agent: {label}: {why} after it was read; reading it again");
+            return None;
+        }
         Err(e) => {
             crate::error!("agent: {label}: {e:#}");
             st.error = Some(format!("{e:#}"));
-            return false;
+            return Some(false);
         }
     };
     crate::info!("agent: {label}: ledger injected");
@@ -555,46 +668,63 @@ fn write_verified(
     let back = std::fs::read(path).unwrap_or_default();
     if back == text.as_bytes() {
         st.error = None;
-        return true;
+        return Some(true);
     }
     let injected =
         injection::plan(path, &back, plugin_type, entry, false).is_ok_and(|p| !p.changed);
     if !injected {
         st.error = Some("changed again right after the injection".into());
     }
-    injected
+    Some(injected)
 }
 
-/// A file that did not exist under this name: temp + fsync + rename, mode of `like`.
-fn write_new(path: &Path, like: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+/// A file that did not exist under this name, made from a fresh O_EXCL temp (mode of
+/// the file `like` was read from) linked into place, which fails rather than replace a
+/// file another writer created meanwhile. Returns its inode. Not yet durable: the
+/// caller fsyncs the directory.
+fn write_new(path: &Path, like: &injection::ReadConf, bytes: &[u8]) -> anyhow::Result<u64> {
+    use crate::ledger::fsio;
     let dir = path.parent().unwrap_or(Path::new("."));
-    let mode = std::fs::metadata(like)
-        .map(|m| m.mode() & 0o7777)
-        .unwrap_or(0o644);
     let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let tmp = dir.join(format!(".{name}.cni-ledger-tmp"));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(&tmp)?;
-    f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    Ok(())
+    let tmp = fsio::write_temp(dir, &name, bytes, "conflist", like.mode())?;
+    let linked = std::fs::hard_link(&tmp, path);
+    let ino = std::fs::symlink_metadata(&tmp).map(|m| m.ino());
+    let _ = std::fs::remove_file(&tmp);
+    linked.with_context(|| format!("creating {}", path.display()))?;
+    // The directory is fsynced by the caller, once the conversion is complete.
+    ino.with_context(|| format!("examining {}", path.display()))
 }
 
-/// The ledger dir exists (or can be made), is trusted, and its records are writable.
+/// The ledger dir exists (or can be made), is trusted, and each directory a write goes
+/// to is a directory the agent can write: an ADD whose snapshot or record cannot be
+/// stored fails, so a ledger broken underneath (`snapshots/` removed, a directory made
+/// read-only) must show in `/readyz` rather than at the next pod's start. Not repaired:
+/// a directory that vanished is damage an operator should look at (records may refer
+/// to snapshots it held).
 fn ledger_usable(dir: &Path) -> anyhow::Result<()> {
     let ledger = Ledger::open_for_write(dir)?;
     ledger.check_trusted()?;
-    nix::unistd::access(&ledger.records_dir(), nix::unistd::AccessFlags::W_OK)
-        .map_err(|e| anyhow::anyhow!("{} is not writable: {e}", ledger.records_dir().display()))?;
+    for sub in [
+        ledger.records_dir(),
+        ledger.snapshots_dir(),
+        ledger.locks_dir(),
+    ] {
+        let meta = std::fs::metadata(&sub).map_err(|e| {
+            anyhow::anyhow!(
+                "{} is missing ({e}): ADDs cannot be recorded; restore it (mkdir -m 0700) \
+                 and check the ledger with `cni-ledger verify`",
+                sub.display()
+            )
+        })?;
+        if !meta.is_dir() {
+            anyhow::bail!(
+                "{} is not a directory: ADDs cannot be recorded",
+                sub.display()
+            );
+        }
+        nix::unistd::access(&sub, nix::unistd::AccessFlags::W_OK)
+            .map_err(|e| anyhow::anyhow!("{} is not writable: {e}", sub.display()))?;
+    }
     Ok(())
 }
 

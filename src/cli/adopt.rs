@@ -49,7 +49,7 @@ fn print_human(r: &Report) {
         .iter()
         .filter(|a| match a.action {
             AdoptAction::Adopted | AdoptAction::WouldAdopt => true,
-            AdoptAction::Busy | AdoptAction::Exists => false,
+            AdoptAction::Busy | AdoptAction::Exists | AdoptAction::Gone => false,
         })
         .count();
     println!(

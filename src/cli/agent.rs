@@ -24,9 +24,16 @@ pub struct Args {
     conflist: Choice,
     #[arg(long, default_value_os_t = super::ledger_dir_default())]
     ledger_dir: PathBuf,
-    /// Address for /metrics, /healthz and /readyz.
-    #[arg(long, default_value = "127.0.0.1:9657")]
+    /// Address for /metrics, /healthz and /readyz: IPv4:PORT, [IPv6]:PORT, or a bare
+    /// IPv6:PORT as `$(NODE_IP):9657` gives on an IPv6 node (the part after the last
+    /// `:` is the port).
+    #[arg(long, default_value = "127.0.0.1:9657", value_parser = agent::parse_listen)]
     listen: SocketAddr,
+    /// A listener of its own for kubelet's probes, /healthz and /readyz only, with its
+    /// own connection budget, so that clients of --listen cannot starve them. Same
+    /// address forms as --listen. Default: none (the probes are on --listen only).
+    #[arg(long, value_name = "ADDR:PORT", value_parser = agent::parse_listen)]
+    probe_listen: Option<SocketAddr>,
     /// Seconds between gc runs (the first runs at start).
     #[arg(long, default_value_t = 300, value_name = "SECS")]
     gc_interval: u64,
@@ -81,13 +88,14 @@ pub fn run(args: Args) -> Result<i32> {
     crate::logging::init(args.log_file.as_deref());
     let mut gc = crate::gc::Options::new(args.ledger_dir);
     gc.conf_dir = Some(args.conf_dir.clone());
-    args.replay.apply(&mut gc);
+    args.replay.apply(&mut gc)?;
     agent::run(agent::Options {
         bin_dirs: args.bin_dirs,
         conf_dir: args.conf_dir,
         choice: args.conflist,
         plugin_type: args.plugin_type,
         listen: args.listen,
+        probe_listen: args.probe_listen,
         gc_interval: Duration::from_secs(args.gc_interval.max(1)),
         resync: Duration::from_secs(args.resync.max(1)),
         gc,

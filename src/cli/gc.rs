@@ -27,9 +27,11 @@ pub struct Args {
     network: Option<String>,
     #[command(flatten)]
     replay: super::replay_flags::ReplayFlags,
-    /// JSON array of {"containerID","ifname"} still valid; unlisted records of the
-    /// network(s) concerned are stale.
-    #[arg(long, value_name = "FILE")]
+    /// JSON array of {"containerID","ifname"} still valid in the --network NAME it
+    /// requires: that network's unlisted records are stale, no other network's.
+    // A list names no network: applied to all, it would make every record of every
+    // other network stale at once.
+    #[arg(long, value_name = "FILE", requires = "network")]
     valid_attachments: Option<PathBuf>,
     /// Where to look for today's conflist when neither snapshot nor cache has one.
     #[arg(long, value_name = "DIR")]
@@ -76,7 +78,7 @@ pub fn run(args: Args) -> Result<i32> {
         .map(read_valid)
         .transpose()?;
     opts.conf_dir = args.conf_dir;
-    args.replay.apply(&mut opts);
+    args.replay.apply(&mut opts)?;
     // The runtime's list is fetched before the scan, so a record is never judged by a
     // list older than itself (and records made since are not judged by it at all).
     let mut cri = None;
@@ -146,8 +148,13 @@ fn print_human(r: &Report) {
     } else {
         ("replayed", s.replayed)
     };
+    // The unreadable count only when there are some: the line stays as it always was.
+    let unreadable = match s.unreadable {
+        0 => String::new(),
+        n => format!(", unreadable {n}"),
+    };
     println!(
-        "{}stale {}, {} {}, retrying {}, failed {}, skipped {}, live {}, damaged {}",
+        "{}stale {}, {} {}, retrying {}, failed {}, skipped {}, live {}, damaged {}{unreadable}",
         if r.dry_run { "dry run: " } else { "" },
         s.stale,
         done,
@@ -166,6 +173,9 @@ fn print_human(r: &Report) {
                 c.endpoint
             ),
         }
+    }
+    if let Some(why) = &r.cri_refused {
+        println!("cri: {why}");
     }
     if !r.records.is_empty() {
         let rows: Vec<Vec<String>> = r
@@ -221,6 +231,12 @@ fn print_human(r: &Report) {
                 "DETAIL",
             ],
             &rows,
+        );
+    }
+    for u in &r.unreadable {
+        println!(
+            "unreadable: {} ({}); left in place, read again next run",
+            u.file, u.error
         );
     }
     for d in &r.damaged {

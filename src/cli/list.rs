@@ -1,5 +1,6 @@
 //! `cni-ledger list`: every record with its liveness (DESIGN §5 rules 1–3).
-//! Damaged records are quarantined as they are found and listed as `damaged`.
+//! Damaged records are quarantined as they are found and listed as `damaged`; a record
+//! that cannot be read just now (I/O error, no fd) is listed `unreadable` and left.
 //!
 //! `--json` streams one object per record as the scan finds it, so memory does not grow
 //! with the ledger; the table is sorted and so holds its (short) cells.
@@ -247,6 +248,14 @@ pub fn run(args: Args) -> Result<i32> {
                 path: e.path,
                 reason,
                 detail,
+            }),
+            // A failed read says nothing of the content: listed, left where it is.
+            Decoded::Unreadable(error) => acc.others.push(OtherRow {
+                file: e.path.display().to_string(),
+                state: "unknown",
+                reason: "unreadable".into(),
+                details: format!("{error}; left in place, read again next run"),
+                quarantined_to: None,
             }),
         },
     )?;

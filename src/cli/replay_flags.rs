@@ -30,20 +30,32 @@ pub struct ReplayFlags {
     /// Records replayed in parallel (never two replays of one record).
     #[arg(long, default_value_t = gc::DEFAULT_JOBS)]
     jobs: usize,
-    /// Run the replayed plugins with this root directory (chroot): `/proc/1/root` in a
-    /// container (with the host's PID namespace), so they see the node's own files.
-    #[arg(long, value_name = "DIR")]
-    plugin_root: Option<PathBuf>,
+    /// The node's root directory, entered (chroot) before any path is read, so that
+    /// every path (netns paths, conf, cache, ledger and plugin dirs, CRI sockets) is
+    /// judged as the node sees it: `/proc/1/root` in a container that shares the host's
+    /// PID namespace. The replayed plugins run in it too.
+    #[arg(long, value_name = "DIR", alias = "plugin-root")]
+    node_root: Option<PathBuf>,
+    /// A record absent from the CRI runtime's sandbox list is judged gone only once it
+    /// is this old: a sandbox is listed only after its RunPodSandbox returns, which
+    /// kubelet lets take up to its 2-minute runtime request timeout.
+    #[arg(long, default_value_t = gc::DEFAULT_CRI_MIN_AGE_SECS, value_name = "SECS")]
+    cri_min_age: u64,
 }
 
 impl ReplayFlags {
-    pub fn apply(self, opts: &mut gc::Options) {
+    /// Enters the node's root when one is given, then sets `opts`.
+    pub fn apply(self, opts: &mut gc::Options) -> Result<(), crate::node_root::EnterError> {
+        if let Some(root) = &self.node_root {
+            crate::node_root::enter(root)?;
+        }
         opts.grace_secs = i64::try_from(self.grace).unwrap_or(i64::MAX);
         opts.timeout = Duration::from_secs(self.timeout.max(1));
         opts.cache_dir = self.cni_cache_dir;
         opts.cni_path = self.cni_path.map(|p| std::env::split_paths(&p).collect());
         opts.max_attempts = self.max_attempts.max(1);
         opts.jobs = self.jobs.max(1);
-        opts.plugin_root = self.plugin_root;
+        opts.cri_min_age_secs = i64::try_from(self.cri_min_age).unwrap_or(i64::MAX);
+        Ok(())
     }
 }

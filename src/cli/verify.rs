@@ -29,6 +29,9 @@ pub fn run(args: Args) -> Result<i32> {
         Decoded::Damaged(reason, detail) => {
             problems.push(format!("{}: {reason}: {detail}", e.path.display()))
         }
+        Decoded::Unreadable(error) => {
+            problems.push(format!("{}: unreadable: {error}", e.path.display()))
+        }
     })?;
     let hashes = ledger.snapshot_hashes()?;
     for hash in &hashes {

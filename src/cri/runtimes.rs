@@ -14,12 +14,17 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-/// Where containerd and CRI-O listen unless configured otherwise (CRI-O documents
-/// `/var/run/crio/crio.sock`; `/var/run` is a link to `/run` on Debian).
-pub const DEFAULT_SOCKETS: [&str; 3] = [
+/// Where the CRI runtimes listen unless configured otherwise: containerd, CRI-O (which
+/// documents `/var/run/crio/crio.sock`; `/var/run` is a link to `/run` on most nodes),
+/// k3s's and rke2's embedded containerd, and cri-dockerd. Only containerd says which
+/// networks it serves; the others judge nothing unless named (`Served::Reported`).
+pub const DEFAULT_SOCKETS: [&str; 6] = [
     "run/containerd/containerd.sock",
     "run/crio/crio.sock",
     "var/run/crio/crio.sock",
+    "run/k3s/containerd/containerd.sock",
+    "run/cri-dockerd.sock",
+    "var/run/cri-dockerd.sock",
 ];
 
 /// The endpoints of the default sockets that exist under `root` now (`/` on the node;
@@ -128,9 +133,17 @@ fn loaded(info: &HashMap<String, String>) -> Option<Loaded> {
 pub enum Served<'a> {
     /// All of them: the operator named them (`--cri-network`).
     Any,
-    /// Only those a runtime says it loads from this conf dir (seen under `root`, where
-    /// the runtime's paths are the node's); all of them for a runtime that does not say.
-    Reported { conf_dir: &'a Path, root: &'a Path },
+    /// Only those a runtime says it loads from this conf dir. A runtime that does not
+    /// say (CRI-O, cri-dockerd) judges nothing when it was only discovered (a stray
+    /// runtime on the node must not judge the pods of another), and when named, only
+    /// the conf dir's default network, the one it sets pods up in (never Podman's).
+    Reported {
+        conf_dir: &'a Path,
+        /// The network of the conf dir's first conflist, libcni's default choice.
+        default_network: Option<&'a str>,
+        /// The endpoints were found at default sockets, not named by the operator.
+        discovered: bool,
+    },
 }
 
 /// What one endpoint answered, for the report and metrics.
@@ -272,11 +285,29 @@ fn covered(
     wanted: &[String],
     served: Served,
 ) -> Vec<String> {
-    let (Served::Reported { conf_dir, root }, Some(loaded)) = (served, loaded) else {
+    let Served::Reported {
+        conf_dir,
+        default_network,
+        discovered,
+    } = served
+    else {
         return wanted.to_vec();
     };
+    let Some(loaded) = loaded else {
+        if discovered {
+            crate::info!(
+                "cri: {endpoint} does not say which networks it serves and was not named with --cri-endpoint: its sandboxes judge nothing"
+            );
+            return Vec::new();
+        }
+        return wanted
+            .iter()
+            .filter(|n| Some(n.as_str()) == default_network)
+            .cloned()
+            .collect();
+    };
     if let Some(theirs) = &loaded.conf_dir {
-        if !same_dir(conf_dir, root, theirs) {
+        if !same_dir(conf_dir, theirs) {
             crate::info!(
                 "cri: {endpoint} loads {theirs}, not {}: its sandboxes judge nothing here",
                 conf_dir.display()
@@ -291,11 +322,10 @@ fn covered(
         .collect()
 }
 
-/// Whether the runtime's conf dir (a node path, seen under `root`) is ours: the same
-/// directory, not the same spelling. Unreadable is not the same.
-fn same_dir(ours: &Path, root: &Path, theirs: &str) -> bool {
+/// Whether the runtime's conf dir (a node path: gc and the agent run in the node's
+/// root) is ours: the same directory, not the same spelling. Unreadable is not the same.
+fn same_dir(ours: &Path, theirs: &str) -> bool {
     use std::os::unix::fs::MetadataExt;
-    let theirs = root.join(theirs.trim_start_matches('/'));
     match (std::fs::metadata(ours), std::fs::metadata(theirs)) {
         (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
         _ => false,
@@ -407,7 +437,8 @@ mod tests {
         let wanted = ["pods".to_string(), "podman".to_string()];
         let served = Served::Reported {
             conf_dir: &ours,
-            root: Path::new("/"),
+            default_network: Some("pods"),
+            discovered: false,
         };
         let ep = |n: &str| format!("unix:///run/{n}.sock");
 
@@ -441,8 +472,9 @@ mod tests {
         assert!(c.judgement.is_none());
         assert_eq!(c.answers[0].sandboxes, Some(0));
 
-        // One that does not say (CRI-O) judges the wanted networks; with a second
-        // runtime, the sandboxes are the union and ready wins.
+        // One that does not say (CRI-O), named by the operator, judges the conf dir's
+        // default network only (never Podman's); with a second runtime, the sandboxes
+        // are the union and ready wins.
         let c = merge(
             vec![
                 (ep("a"), reply(&[("p1", 1)], Some((&ours, &["pods"])))),
@@ -453,7 +485,7 @@ mod tests {
             100,
         );
         let j = c.judgement.unwrap();
-        assert_eq!(nets(&j), ["podman", "pods"]);
+        assert_eq!(nets(&j), ["pods"]);
         assert_eq!(
             j.sandboxes,
             HashMap::from([("p1".into(), 0), ("p2".into(), 1)])
@@ -463,6 +495,28 @@ mod tests {
             panic!("{:?}", j.adopted)
         };
         assert!(!chains.contains_key("podman"), "{chains:?}");
+        let c = merge(
+            vec![(ep("b"), reply(&[("p1", 0)], None))],
+            &wanted,
+            served,
+            100,
+        );
+        assert_eq!(nets(&c.judgement.unwrap()), ["pods"]);
+
+        // The same runtime found only by discovery judges nothing at all.
+        let discovered = Served::Reported {
+            conf_dir: &ours,
+            default_network: Some("pods"),
+            discovered: true,
+        };
+        let c = merge(
+            vec![(ep("b"), reply(&[("p1", 0)], None))],
+            &wanted,
+            discovered,
+            100,
+        );
+        assert!(c.judgement.is_none());
+        assert_eq!(c.answers[0].sandboxes, Some(1));
 
         // Any runtime silent: nothing judged, whatever the others said.
         let c = merge(

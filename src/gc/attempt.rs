@@ -89,8 +89,8 @@ fn recheck(ledger: &Ledger, seen: &Record, boot: &str, opts: &Options) -> Rechec
     }
 }
 
-/// Replays DEL for `rec` while `lock` holds its key, then removes the record (and
-/// libcni's cache entry) or stores the failed attempt.
+/// Replays DEL for `rec` while `lock` holds its key, then removes the record and
+/// libcni's cache entry before releasing it, or stores the failed attempt.
 fn replay(
     ledger: &Ledger,
     lock: KeyLock,
@@ -134,10 +134,13 @@ fn replay(
         r.replay_netns = netns;
         return r;
     }
-    lock.release_and_remove();
+    // libcni's entry goes while the key is still ours: once it is released, an adopt
+    // that finds no record must not find the cache entry of what was just released.
     if let Some(c) = &cached {
         c.remove();
     }
+    lock.release_and_remove();
+    crate::faults::crash_point("gc.key-released");
     crate::info!("gc: {key}: replayed, record removed");
     let mut r = RecordReport::of(rec, judged, Action::Replayed);
     r.config_source = Some(source);
@@ -184,7 +187,6 @@ fn del_chain(
         capability_args: &caps,
         prev_result: cached.and_then(|c| c.result.as_ref()),
         timeout: opts.timeout,
-        root: opts.plugin_root.as_deref(),
     };
     let outcomes = replay::replay_del(config, &rec.ledger_type, &inv);
     // The ledger's own DEL, skipped in the chain, runs last: its device return too.

@@ -10,20 +10,30 @@ mod policy;
 pub mod replay;
 mod report;
 
-pub use policy::{backoff_secs, decide, judge, Decision, BACKOFF_BASE_SECS, BACKOFF_MAX_SECS};
-pub use report::{failure_text, Action, CriSummary, DamagedReport, RecordReport, Report, Summary};
+pub use policy::{
+    backoff_secs, decide, judge, runtime_refusal, Decision, RuntimeTally, BACKOFF_BASE_SECS,
+    BACKOFF_MAX_SECS,
+};
+pub use report::{
+    failure_text, Action, CriSummary, DamagedReport, RecordReport, Report, Summary,
+    UnreadableReport,
+};
 
 use crate::ledger::{Damaged, Decoded, Entry, Ledger, Quarantine, Record};
 use crate::sandbox::{self, Evidence, Reason};
 use anyhow::{Context, Result};
 use serde_json::Value;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// Records younger than this are left alone, unless the node rebooted since.
 pub const DEFAULT_GRACE_SECS: u64 = 60;
+/// A record absent from the CRI runtime's sandbox list is left alone until it is this
+/// old: kubelet lets RunPodSandbox take 2 minutes, and the sandbox is listed only once
+/// it returned; five times that bound leaves room for retries and a slow runtime.
+pub const DEFAULT_CRI_MIN_AGE_SECS: u64 = 600;
 /// A plugin that has not answered DEL after this long is killed.
 pub const DEFAULT_TIMEOUT_SECS: u64 = 60;
 /// Failed attempts before a record is marked failed (with the backoff, some 15 hours).
@@ -53,8 +63,8 @@ pub struct Options {
     /// Set by a shutting-down caller (the agent on SIGTERM): replays in progress finish,
     /// no new one starts.
     pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
-    /// Root directory (chroot) for the replayed plugins; None: ours.
-    pub plugin_root: Option<PathBuf>,
+    /// A record absent from the CRI runtime's list is judged gone only at this age.
+    pub cri_min_age_secs: i64,
 }
 
 impl Options {
@@ -75,7 +85,7 @@ impl Options {
             retry_failed: false,
             cri: None,
             stop: None,
-            plugin_root: None,
+            cri_min_age_secs: DEFAULT_CRI_MIN_AGE_SECS as i64,
         }
     }
 }
@@ -122,7 +132,23 @@ pub fn run(opts: &Options) -> Result<Report> {
     ledger.check_trusted()?;
     let boot = sandbox::boot_id().context("reading the boot ID")?;
     let now = crate::time::now();
-    let candidates = scan(&ledger, &boot, opts, &mut report)?;
+    let (mut candidates, tallies) = scan(&ledger, &boot, opts, &mut report)?;
+    // A runtime whose list cannot be right judges nothing, here and under the lock.
+    let unjudged;
+    let mut opts = opts;
+    if let Some(why) = opts.cri.as_ref().and(runtime_refusal(&tallies)) {
+        crate::error!("gc: {why}");
+        let before = candidates.len();
+        candidates.retain(|c| c.judged.0 != Reason::NotInRuntime);
+        report.summary.live += before - candidates.len();
+        report.summary.stale = candidates.len();
+        report.cri_refused = Some(why);
+        unjudged = Options {
+            cri: None,
+            ..opts.clone()
+        };
+        opts = &unjudged;
+    }
     // Snapshots the removed records referred to: the only ones a per-network gc may sweep.
     let mut released = HashSet::new();
     for (i, r) in attempt_all(&ledger, &candidates, &boot, now, opts) {
@@ -148,8 +174,10 @@ pub fn run(opts: &Options) -> Result<Report> {
 struct Scan {
     live: usize,
     candidates: Vec<Candidate>,
+    runtime: BTreeMap<String, RuntimeTally>,
     newer: Vec<DamagedReport>,
     damaged: Vec<Damaged>,
+    unreadable: Vec<UnreadableReport>,
 }
 
 impl Scan {
@@ -159,7 +187,12 @@ impl Scan {
                 if opts.network.as_ref().is_some_and(|n| *n != rec.network) {
                     return;
                 }
-                let l = judge(&rec, boot, opts);
+                let (l, verdict) = policy::assess(&rec, boot, opts);
+                if let (Some(v), true) = (verdict, l.verified) {
+                    let t = self.runtime.entry(rec.network.clone()).or_default();
+                    t.verified += 1;
+                    t.absent += usize::from(v == crate::cri::Verdict::Absent);
+                }
                 match l.reason {
                     None => self.live += 1,
                     Some(reason) => self.candidates.push(Candidate {
@@ -179,6 +212,9 @@ impl Scan {
                 reason,
                 detail,
             }),
+            Decoded::Unreadable(error) => self
+                .unreadable
+                .push(UnreadableReport::of(&entry.path, error)),
         }
     }
 }
@@ -190,17 +226,24 @@ fn scan(
     boot: &str,
     opts: &Options,
     report: &mut Report,
-) -> Result<Vec<Candidate>> {
+) -> Result<(Vec<Candidate>, BTreeMap<String, RuntimeTally>)> {
     let scans = ledger.scan(crate::ledger::scan_jobs(), Scan::default, |acc, entry| {
         acc.visit(entry, boot, opts)
     })?;
     let mut candidates = Vec::new();
     let mut damaged = Vec::new();
+    let mut tallies: BTreeMap<String, RuntimeTally> = BTreeMap::new();
     for scan in scans {
+        for (net, t) in scan.runtime {
+            let sum = tallies.entry(net).or_default();
+            sum.verified += t.verified;
+            sum.absent += t.absent;
+        }
         report.summary.live += scan.live;
         candidates.extend(scan.candidates);
         report.damaged.extend(scan.newer);
         damaged.extend(scan.damaged);
+        report.unreadable.extend(scan.unreadable);
     }
     // Replay in a stable order: oldest attachments first, then by key.
     candidates.sort_by(|a, b| {
@@ -216,6 +259,7 @@ fn scan(
         report.damaged.push(damaged_report(ledger, d, opts.dry_run));
     }
     report.summary.damaged = report.damaged.len();
+    report.summary.unreadable = report.unreadable.len();
     if !opts.dry_run {
         let n = ledger.remove_orphan_temps();
         if n > 0 {
@@ -223,7 +267,7 @@ fn scan(
         }
     }
     report.summary.stale = candidates.len();
-    Ok(candidates)
+    Ok((candidates, tallies))
 }
 
 /// Attempts every candidate on up to `opts.jobs` threads, until `opts.stop` is set;

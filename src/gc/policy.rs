@@ -2,8 +2,10 @@
 //! stale record now (`decide`), and how long to wait after a failed attempt.
 
 use super::{Action, Options};
+use crate::cri::Verdict;
 use crate::ledger::Record;
 use crate::sandbox::{self, Evidence, Liveness, Reason};
+use std::collections::BTreeMap;
 
 pub const BACKOFF_BASE_SECS: i64 = 10;
 pub const BACKOFF_MAX_SECS: i64 = 3600;
@@ -21,8 +23,11 @@ pub fn decide(rec: &Record, reason: Reason, now: i64, opts: &Options) -> Decisio
         return Decision::Skip(Action::SkipFailed);
     }
     // A young record may belong to an ADD whose sandbox is still being set up, unless
-    // the node rebooted since: then nothing from before can be alive.
-    let young = rec.created_unix().is_none_or(|t| now - t < opts.grace_secs);
+    // the node rebooted since: then nothing from before can be alive. Any other reason
+    // means the record is of this boot, so its age is read on the boot clock.
+    let young = rec
+        .age_secs(&rec.boot_id, now)
+        .is_none_or(|age| age < opts.grace_secs);
     if young && reason != Reason::BootChanged {
         return Decision::Skip(Action::SkipGrace);
     }
@@ -49,30 +54,74 @@ pub fn backoff_secs(attempts: u32) -> i64 {
 /// valid list leaves out keeps `verified` from the namespace check: its replay may be
 /// given the namespace only when the cookie proved it is the recorded one.
 pub fn judge(rec: &Record, boot: &str, opts: &Options) -> Liveness {
+    assess(rec, boot, opts).0
+}
+
+/// `judge`, with the runtime's verdict on a record whose namespace check said live (None
+/// when no runtime judges it, or it is too young for a sandbox list to know it), so that
+/// the scan can tell whether the runtime's answer can be right at all.
+pub(super) fn assess(rec: &Record, boot: &str, opts: &Options) -> (Liveness, Option<Verdict>) {
     let l = sandbox::liveness(&rec.boot_id, &rec.netns, rec.netns_id, boot);
     if l.reason.is_some() {
-        return l;
+        return (l, None);
     }
     match &opts.valid {
         Some(valid) if !valid.contains(&(rec.container_id.clone(), rec.ifname.clone())) => {
-            return Liveness {
+            let l = Liveness {
                 reason: Some(Reason::NotValid),
                 evidence: Evidence::ValidList,
                 verified: l.verified,
             };
+            return (l, None);
         }
         _ => {}
     }
-    let absent =
-        opts.cri.as_ref().and_then(|c| c.verdict(rec)) == Some(crate::cri::Verdict::Absent);
-    if absent {
-        return Liveness {
+    // A sandbox is listed only once RunPodSandbox returned: until the record is older
+    // than any ADD can take, its absence from the list says nothing.
+    let verdict = opts.cri.as_ref().and_then(|c| c.verdict(rec)).filter(|_| {
+        rec.age_secs(boot, crate::time::now())
+            .is_some_and(|age| age >= opts.cri_min_age_secs)
+    });
+    if verdict == Some(Verdict::Absent) {
+        let l = Liveness {
             reason: Some(Reason::NotInRuntime),
             evidence: Evidence::Runtime,
             verified: l.verified,
         };
+        return (l, verdict);
     }
-    l
+    (l, verdict)
+}
+
+/// Per network, the records whose namespace is verified live and that the runtime
+/// judged: how many, and how many of them it does not list.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RuntimeTally {
+    pub verified: usize,
+    pub absent: usize,
+}
+
+/// Why a runtime's answer cannot be right, when it cannot: it does not list most of a
+/// network's sandboxes whose namespaces are verifiably there (a stray idle runtime, one
+/// just restarted with its state gone, another runtime's pods). Then its list judges
+/// nothing this run: a runtime's silence is not proof.
+pub fn runtime_refusal(tallies: &BTreeMap<String, RuntimeTally>) -> Option<String> {
+    let odd: Vec<String> = tallies
+        .iter()
+        .filter(|(_, t)| t.verified > 0 && t.absent * 2 > t.verified)
+        .map(|(net, t)| {
+            format!(
+                "{net}: {} of {} attachments with verified live namespaces are not in its list",
+                t.absent, t.verified
+            )
+        })
+        .collect();
+    (!odd.is_empty()).then(|| {
+        format!(
+            "the CRI runtime's sandbox list cannot be right ({}); nothing is judged by it this run",
+            odd.join("; ")
+        )
+    })
 }
 
 #[cfg(test)]
@@ -150,6 +199,64 @@ mod tests {
         assert_eq!(
             decide(&rec, Reason::NetnsMissing, t, &o),
             Decision::Skip(Action::WouldReplay)
+        );
+    }
+
+    #[test]
+    fn a_runtime_that_misses_most_verified_sandboxes_judges_nothing() {
+        let t = |verified, absent| RuntimeTally { verified, absent };
+        let tallies = |v: Vec<(&str, RuntimeTally)>| {
+            v.into_iter()
+                .map(|(n, t)| (n.to_string(), t))
+                .collect::<BTreeMap<_, _>>()
+        };
+        assert_eq!(runtime_refusal(&tallies(vec![])), None);
+        assert_eq!(runtime_refusal(&tallies(vec![("pods", t(3, 1))])), None);
+        assert_eq!(runtime_refusal(&tallies(vec![("pods", t(2, 1))])), None);
+        // Lists none of them: not the runtime that made them.
+        let why = runtime_refusal(&tallies(vec![("pods", t(2, 2))])).unwrap();
+        assert!(why.contains("pods: 2 of 2"), "{why}");
+        // Most of one network, even when another network looks fine.
+        assert!(runtime_refusal(&tallies(vec![("a", t(5, 0)), ("b", t(3, 2))])).is_some());
+        // Nothing verified: nothing to check the runtime against.
+        assert_eq!(runtime_refusal(&tallies(vec![("pods", t(0, 0))])), None);
+    }
+
+    #[test]
+    fn the_runtime_judges_only_records_older_than_the_min_age() {
+        let mut rec = sample();
+        rec.netns = "/proc/self/ns/net".into();
+        rec.netns_id = None;
+        let boot = rec.boot_id.clone();
+        let created = rec.created_unix().unwrap();
+        let mut o = opts();
+        o.cri = Some(crate::cri::Judgement {
+            networks: HashSet::from(["net1".to_string()]),
+            sandboxes: std::collections::HashMap::new(),
+            fetched_at: created + 100,
+            adopted: crate::cri::AdoptedChains::Any,
+        });
+        // The sample was made in the past on the wall clock: old enough for any min age
+        // up to its real age.
+        o.cri_min_age_secs = 60;
+        assert_eq!(judge(&rec, &boot, &o).reason, Some(Reason::NotInRuntime));
+        // Made now by the boot clock: however far the wall clock says it is, too young.
+        rec.created_boot_secs = crate::time::since_boot();
+        assert_eq!(judge(&rec, &boot, &o).reason, None);
+        o.cri_min_age_secs = 0;
+        assert_eq!(judge(&rec, &boot, &o).reason, Some(Reason::NotInRuntime));
+    }
+
+    #[test]
+    fn a_wall_clock_step_does_not_age_a_record_of_this_boot() {
+        let mut rec = sample();
+        rec.created_boot_secs = crate::time::since_boot();
+        let o = opts();
+        // The wall clock says a day has passed; the boot clock says no time has.
+        let created = rec.created_unix().unwrap();
+        assert_eq!(
+            decide(&rec, Reason::NetnsMissing, created + 86_400, &o),
+            Decision::Skip(Action::SkipGrace)
         );
     }
 

@@ -25,11 +25,6 @@ pub struct Invocation<'a> {
     pub capability_args: &'a Map<String, Value>,
     pub prev_result: Option<&'a Value>,
     pub timeout: Duration,
-    /// The root directory plugins run in (chroot), when it is not ours: the node's own,
-    /// `/proc/1/root`, when gc runs in a container image holding nothing but itself, so
-    /// that plugins find the host's tools (portmap's iptables) and files as they would
-    /// under the runtime.
-    pub root: Option<&'a Path>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -153,8 +148,6 @@ fn kill_group(pid: i32) {
     );
 }
 
-// The chroot of --plugin-root runs in the forked child: pre_exec is unsafe.
-#[allow(unsafe_code)]
 fn invoke_del(bin: &Path, config: &Value, inv: &Invocation) -> Result<(), (String, Option<i32>)> {
     let mut cmd = Command::new(bin);
     // Like libcni: the caller's environment plus the CNI variables, none inherited.
@@ -175,21 +168,6 @@ fn invoke_del(bin: &Path, config: &Value, inv: &Invocation) -> Result<(), (Strin
         .stderr(Stdio::piped())
         // Its own process group, so a timeout kills whatever it started too.
         .process_group(0);
-    if let Some(root) = inv.root {
-        use std::os::unix::ffi::OsStrExt;
-        let root = std::ffi::CString::new(root.as_os_str().as_bytes())
-            .map_err(|_| (format!("bad plugin root {}", root.display()), None))?;
-        // SAFETY: runs in the forked child before exec; it calls only chroot(2) and
-        // chdir(2), which are async-signal-safe, on a string allocated before the fork.
-        unsafe {
-            cmd.pre_exec(move || {
-                if nix::libc::chroot(root.as_ptr()) != 0 || nix::libc::chdir(c"/".as_ptr()) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
     let mut child = cmd
         .spawn()
         .map_err(|e| (format!("cannot run {}: {e}", bin.display()), None))?;

@@ -18,6 +18,9 @@ pub struct Summary {
     pub would_replay: usize,
     pub skipped: usize,
     pub damaged: usize,
+    /// Records that could not be read this run (I/O error, no fd, no memory): left in
+    /// place, neither judged nor quarantined, read again next run.
+    pub unreadable: usize,
 }
 
 /// What became of one stale record in a run (`action` in the report).
@@ -139,6 +142,23 @@ pub struct DamagedReport {
     pub quarantined_to: Option<String>,
 }
 
+/// A record file a scan could not read, and the error.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnreadableReport {
+    pub file: String,
+    pub error: String,
+}
+
+impl UnreadableReport {
+    /// Logs it too: the record is left where it is, with nothing else to show for it.
+    pub(super) fn of(path: &std::path::Path, error: String) -> Self {
+        let file = path.display().to_string();
+        crate::warn!("gc: cannot read record {file} ({error}); left in place, read again next run");
+        UnreadableReport { file, error }
+    }
+}
+
 #[derive(Debug, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Report {
@@ -146,8 +166,15 @@ pub struct Report {
     pub summary: Summary,
     pub records: Vec<RecordReport>,
     pub damaged: Vec<DamagedReport>,
+    /// Absent when every record could be read.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<UnreadableReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cri: Option<CriSummary>,
+    /// Why the CRI runtime's list judged nothing this run, when its answer could not
+    /// be right (`gc::runtime_refusal`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cri_refused: Option<String>,
 }
 
 /// Whether the CRI runtime (`--cri-endpoint`) answered, and with how many sandboxes.
@@ -161,10 +188,11 @@ pub struct CriSummary {
 
 impl Report {
     /// 0 when nothing stale remains to be cleaned (records in their grace period are not
-    /// judged yet), 1 when something is left for later or, in a dry run, would be replayed.
+    /// judged yet), 1 when something is left for later (an unreadable record too: it
+    /// was not judged) or, in a dry run, would be replayed.
     pub fn exit_code(&self) -> i32 {
         let s = &self.summary;
-        if s.retrying + s.failed + s.would_replay > 0 || !self.damaged.is_empty() {
+        if s.retrying + s.failed + s.would_replay + s.unreadable > 0 || !self.damaged.is_empty() {
             1
         } else {
             0

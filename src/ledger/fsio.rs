@@ -72,22 +72,58 @@ pub fn write_atomic_mode(
     what: &str,
     mode: u32,
 ) -> io::Result<()> {
+    let tmp = write_temp(dir, name, bytes, what, mode)?;
+    let target = dir.join(name);
+    if let Err(e) = std::fs::rename(&tmp, &target) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(at("renaming over", &target)(e));
+    }
+    crash_point(&format!("{what}.renamed"));
+    fsync_dir(dir)?;
+    crash_point(&format!("{what}.dir-synced"));
+    Ok(())
+}
+
+/// How many fresh temp names to try before giving up: a name is taken only by a
+/// leftover of a dead process that had our pid (a container's agent is often pid 1).
+const TEMP_TRIES: usize = 8;
+
+/// Writes `bytes` to a new temp file `dir/.tmp.<name>.<pid>.<seq>` with `mode` exactly,
+/// fsynced, and returns its path; the caller renames it into place (or removes it).
+/// Created with `O_EXCL` and `O_NOFOLLOW`: an existing file or a symlink planted under
+/// the name is never opened, let alone written through. A taken name (a dead writer's
+/// leftover, kept for `verify` to report) moves on to the next sequence number.
+pub fn write_temp(
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+    what: &str,
+    mode: u32,
+) -> io::Result<std::path::PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     static SEQ: AtomicU64 = AtomicU64::new(0);
-    let tmp = dir.join(format!(
-        "{TMP_PREFIX}{name}.{}.{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    ));
-    let target = dir.join(name);
-    let result = (|| {
-        let mut f = OpenOptions::new()
+    let mut tries = 0;
+    let (tmp, mut f) = loop {
+        let tmp = dir.join(format!(
+            "{TMP_PREFIX}{name}.{}.{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        match OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(mode)
             .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
             .open(&tmp)
-            .map_err(at("creating", &tmp))?;
+        {
+            Ok(f) => break (tmp, f),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries + 1 < TEMP_TRIES => {
+                tries += 1;
+            }
+            Err(e) => return Err(at("creating", &tmp)(e)),
+        }
+    };
+    let result = (|| {
         if mode != 0o600 {
             // The umask may have taken bits the caller asked for.
             f.set_permissions(std::fs::Permissions::from_mode(mode))
@@ -97,16 +133,13 @@ pub fn write_atomic_mode(
         crash_point(&format!("{what}.tmp-written"));
         f.sync_all().map_err(at("fsync", &tmp))?;
         crash_point(&format!("{what}.tmp-synced"));
-        std::fs::rename(&tmp, &target).map_err(at("renaming over", &target))
+        Ok(())
     })();
-    if result.is_err() {
+    if let Err(e) = result {
         let _ = std::fs::remove_file(&tmp);
+        return Err(e);
     }
-    result?;
-    crash_point(&format!("{what}.renamed"));
-    fsync_dir(dir)?;
-    crash_point(&format!("{what}.dir-synced"));
-    Ok(())
+    Ok(tmp)
 }
 
 /// Removes `dir/name` durably. Ok(false) when it was not there.
@@ -251,6 +284,39 @@ mod tests {
         let e = create_dir_all_durable(&base.join("file/x"), 0o755).unwrap_err();
         assert!(e.to_string().contains("file/x"), "{e}");
         std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn temp_files_never_open_an_existing_name_or_follow_a_planted_link() {
+        let dir = std::env::temp_dir().join(format!("cl-fsio-x-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let victim = dir.join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        // Plant a link and a file under the next names this process would take.
+        let probe = write_temp(&dir, "n", b"", "test", 0o600).unwrap();
+        std::fs::remove_file(&probe).unwrap();
+        let seq: u64 = probe
+            .to_string_lossy()
+            .rsplit('.')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let planted =
+            |k: u64| dir.join(format!("{TMP_PREFIX}n.{}.{}", std::process::id(), seq + k));
+        std::os::unix::fs::symlink(&victim, planted(1)).unwrap();
+        std::fs::write(planted(2), b"other").unwrap();
+        let tmp = write_temp(&dir, "n", b"new", "test", 0o600).unwrap();
+        assert!(tmp != planted(1) && tmp != planted(2), "{}", tmp.display());
+        assert_eq!(std::fs::read(&tmp).unwrap(), b"new");
+        assert_eq!(
+            std::fs::read(&victim).unwrap(),
+            b"keep",
+            "written through a link"
+        );
+        assert_eq!(std::fs::read(planted(2)).unwrap(), b"other");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -50,7 +50,9 @@ impl Ledger {
     pub fn quarantine_damaged(&self, d: &Damaged, who: &str) -> Quarantine {
         let q = match self.lock(&d.stem, Wait::No) {
             Ok(Some(_lock)) => match self.read(&d.stem) {
-                Ok(Some(Decoded::Damaged(..))) | Err(_) => moved(self.quarantine(&d.path)),
+                Ok(Some(Decoded::Damaged(..))) => moved(self.quarantine(&d.path)),
+                // Unreadable now is no proof of damage: it stays, for the next run.
+                Err(e) => Quarantine::Failed(e),
                 _ => Quarantine::Replaced,
             },
             Ok(None) => Quarantine::Busy,

@@ -72,6 +72,10 @@ pub struct Record {
     pub snapshot: Option<String>,
     pub conf_file: Option<String>,
     pub created_at: String,
+    /// Seconds since boot (CLOCK_BOOTTIME) at ADD: within the recorded boot, the record's
+    /// age is measured on it, so a wall clock stepped forward ages no record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_boot_secs: Option<u64>,
     /// Random per ADD: tells a record apart from a newer one for the same key.
     pub add_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -99,6 +103,17 @@ impl Record {
 
     pub fn created_unix(&self) -> Option<i64> {
         crate::time::parse_rfc3339(&self.created_at)
+    }
+
+    /// The record's age in seconds: on the boot clock when it was made in `boot` (the
+    /// current one) and says when, else on the wall clock (`now`). None: unknown.
+    pub fn age_secs(&self, boot: &str, now: i64) -> Option<i64> {
+        match (self.created_boot_secs, crate::time::since_boot()) {
+            (Some(then), Some(up)) if self.boot_id == boot => {
+                Some(i64::try_from(up.saturating_sub(then)).unwrap_or(i64::MAX))
+            }
+            _ => self.created_unix().map(|t| now - t),
+        }
     }
 }
 
@@ -131,6 +146,10 @@ pub enum Decoded {
     Damaged(&'static str, String),
     /// Written by a newer binary: neither acted on nor quarantined.
     Newer(u32),
+    /// Could not be read just now (EIO, ENOMEM, EMFILE, ...): nothing is known of its
+    /// content, so it is neither acted on nor quarantined; the next run reads it again.
+    /// Only scans produce it (`Ledger::read` returns the error instead).
+    Unreadable(String),
 }
 
 #[derive(Deserialize)]
@@ -181,6 +200,7 @@ pub(crate) fn sample() -> Record {
         snapshot: None,
         conf_file: None,
         created_at: "2026-12-02T17:41:33Z".into(),
+        created_boot_secs: None,
         add_id: "00".into(),
         gc: None,
         source: None,
@@ -207,6 +227,7 @@ mod tests {
             match decode(&b) {
                 Decoded::Ok(d) => assert_eq!(*d, r, "flip at {i} changed the record undetected"),
                 Decoded::Damaged(..) | Decoded::Newer(_) => {}
+                Decoded::Unreadable(e) => panic!("decoding bytes cannot fail to read: {e}"),
             }
         }
         for cut in 0..bytes.len() - 1 {

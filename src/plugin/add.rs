@@ -120,6 +120,7 @@ fn record(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
         snapshot,
         conf_file,
         created_at: crate::time::rfc3339(now),
+        created_boot_secs: crate::time::since_boot(),
         add_id: add_id(),
         gc: None,
         source: None,

@@ -72,6 +72,11 @@ pub fn del(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
                 }
             }
         }
+        // Never from a read (its error comes as Err, above); for the match's sake.
+        Some(Decoded::Unreadable(why)) => {
+            unreachable_ledger(&key, &ledger, &why);
+            return Ok(());
+        }
         Some(Decoded::Newer(_)) => match ledger.remove(&stem) {
             Ok(_) => crate::info!("DEL {key}: record removed"),
             Err(e) => {

@@ -142,6 +142,9 @@ pub enum Evidence {
     Cookie,
     /// The path could not be examined now (permission, I/O): live, not verified.
     Unreadable,
+    /// Neither the path nor the directory that would hold it can be seen from here: not
+    /// the node's view, so no evidence (live, not verified).
+    Unseen,
     /// The runtime's valid list does not name the attachment.
     ValidList,
     /// The CRI runtime has no such pod sandbox.
@@ -158,6 +161,7 @@ impl Evidence {
             Evidence::PidStart => "pid-start",
             Evidence::Cookie => "cookie",
             Evidence::Unreadable => "unreadable",
+            Evidence::Unseen => "unseen",
             Evidence::ValidList => "valid-list",
             Evidence::Runtime => "runtime",
         }
@@ -210,9 +214,7 @@ pub fn liveness(
     // stat first: whatever is not the recorded nsfs file is judged without opening it.
     let meta = match std::fs::metadata(netns) {
         Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Liveness::stale(Reason::NetnsMissing, Evidence::Path)
-        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return nothing_at(netns),
         Err(_) => return Liveness::live(Evidence::Unreadable),
     };
     let same_file = |m: &std::fs::Metadata, id: &NsId| m.dev() == id.dev && m.ino() == id.ino;
@@ -271,6 +273,28 @@ pub fn liveness(
     }
 }
 
+/// Nothing at `netns`: gone only if we can see where it would be. A path is the node's
+/// (the runtime named it in the node's mount namespace); from a view that lacks its
+/// directory (a container without the node's root, a `/var/run` that is not there) its
+/// absence tells nothing, so the record is live. A `/proc/<pid>/` path's directory is
+/// the node's procfs: with it there, a missing pid is a process that has exited.
+fn nothing_at(netns: &str) -> Liveness {
+    let path = Path::new(netns);
+    let holder = if identity::proc_task_dir(netns).is_some() {
+        nix::sys::statfs::statfs("/proc")
+            .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::PROC_SUPER_MAGIC)
+    } else {
+        path.parent()
+            .and_then(|d| std::fs::metadata(d).ok())
+            .is_some_and(|m| m.is_dir())
+    };
+    if holder {
+        Liveness::stale(Reason::NetnsMissing, Evidence::Path)
+    } else {
+        Liveness::live(Evidence::Unseen)
+    }
+}
+
 /// The namespace path to hand a replayed DEL: the recorded one only while its cookie
 /// says it still is the recorded namespace in this boot; otherwise none, so no plugin
 /// ever enters a different, possibly live, namespace.
@@ -304,7 +328,8 @@ mod tests {
         }
         use Evidence::*;
         for e in [
-            BootId, Path, Filesystem, DevIno, PidStart, Cookie, Unreadable, ValidList, Runtime,
+            BootId, Path, Filesystem, DevIno, PidStart, Cookie, Unreadable, Unseen, ValidList,
+            Runtime,
         ] {
             assert_eq!(serde_json::to_value(e).unwrap(), e.as_str());
         }
@@ -378,8 +403,21 @@ mod tests {
             reason("a", "/proc/self/ns/net", None),
             Some(Reason::BootChanged)
         );
+        // Nothing at a path whose directory is there: gone. Its directory not there
+        // either (not the node's view): no evidence.
         assert_eq!(
-            reason("b", "/nonexistent/netns", None),
+            reason("b", "/proc/self/nonexistent-netns", None),
+            Some(Reason::NetnsMissing)
+        );
+        let l = liveness("b", "/nonexistent/netns", None, "b");
+        assert_eq!((l.reason, l.evidence), (None, Evidence::Unseen));
+        assert_eq!(
+            reason("a", "/nonexistent/netns", None),
+            Some(Reason::BootChanged)
+        );
+        // A /proc/<pid> path of a process that has exited is gone: /proc is there.
+        assert_eq!(
+            reason("b", "/proc/4194305/ns/net", None),
             Some(Reason::NetnsMissing)
         );
         assert_eq!(

@@ -1,0 +1,414 @@
+//! A real containerd driven over CRI as kubelet drives it, for the tests that need pods
+//! made by a runtime: Debian's containerd 1.6 with its own root, state dir, socket and
+//! config, a sandbox image built here (a static `pause` compiled with gcc, imported with
+//! `ctr images import` under the configured `sandbox_image`: no registry is reachable),
+//! and mount namespaces of the test's (`PrivateRun`) where node paths such as
+//! `/run/containerd` or `/etc/cni/net.d` are fresh tmpfs, so the machine's stay untouched.
+#![allow(dead_code)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use cni_ledger::cri::{self, api::PodSandboxMetadata};
+use serde_json::json;
+
+pub const SANDBOX_IMAGE: &str = "registry.invalid/cni-ledger-test/pause:1";
+const RUN: &str = "/runtime.v1.RuntimeService/RunPodSandbox";
+const STOP: &str = "/runtime.v1.RuntimeService/StopPodSandbox";
+const REMOVE: &str = "/runtime.v1.RuntimeService/RemovePodSandbox";
+
+// The messages kubelet sends, with the field numbers of runtime.v1's api.proto.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PortMapping {
+    #[prost(int32, tag = "1")]
+    pub protocol: i32,
+    #[prost(int32, tag = "2")]
+    pub container_port: i32,
+    #[prost(int32, tag = "3")]
+    pub host_port: i32,
+    #[prost(string, tag = "4")]
+    pub host_ip: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PodSandboxConfig {
+    #[prost(message, optional, tag = "1")]
+    pub metadata: Option<PodSandboxMetadata>,
+    #[prost(string, tag = "2")]
+    pub hostname: String,
+    #[prost(string, tag = "3")]
+    pub log_directory: String,
+    #[prost(message, repeated, tag = "5")]
+    pub port_mappings: Vec<PortMapping>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RunPodSandboxRequest {
+    #[prost(message, optional, tag = "1")]
+    pub config: Option<PodSandboxConfig>,
+    #[prost(string, tag = "2")]
+    pub runtime_handler: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RunPodSandboxResponse {
+    #[prost(string, tag = "1")]
+    pub pod_sandbox_id: String,
+}
+
+/// StopPodSandboxRequest and RemovePodSandboxRequest: `string pod_sandbox_id = 1`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SandboxIdRequest {
+    #[prost(string, tag = "1")]
+    pub pod_sandbox_id: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Empty {}
+
+pub fn run_ok(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?}: {}", describe(&out));
+}
+
+/// A static pause binary in a one-layer image, as a `docker save` archive.
+pub fn build_pause_image(dir: &Path) -> PathBuf {
+    let img = dir.join("img");
+    fs::create_dir_all(img.join("rootfs")).unwrap();
+    let src = img.join("pause.c");
+    fs::write(
+        &src,
+        "#include <signal.h>\n#include <unistd.h>\n\
+         static void bye(int s) { (void)s; _exit(0); }\n\
+         int main(void) { signal(SIGTERM, bye); signal(SIGINT, bye); for (;;) pause(); }\n",
+    )
+    .unwrap();
+    run_ok(
+        Command::new("gcc")
+            .args(["-static", "-Os", "-s", "-o"])
+            .arg(img.join("rootfs/pause"))
+            .arg(&src),
+    );
+    run_ok(
+        Command::new("tar")
+            .arg("-C")
+            .arg(img.join("rootfs"))
+            .arg("-cf")
+            .arg(img.join("layer.tar"))
+            .arg("pause"),
+    );
+    let diff_id = sha256_hex(&img.join("layer.tar"));
+    let config = json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Entrypoint": ["/pause"]},
+        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{diff_id}")]},
+    });
+    fs::write(img.join("config.json"), config.to_string()).unwrap();
+    let manifest =
+        json!([{"Config": "config.json", "RepoTags": [SANDBOX_IMAGE], "Layers": ["layer.tar"]}]);
+    fs::write(img.join("manifest.json"), manifest.to_string()).unwrap();
+    let tarball = dir.join("pause.tar");
+    run_ok(
+        Command::new("tar")
+            .arg("-C")
+            .arg(&img)
+            .arg("-cf")
+            .arg(&tarball)
+            .args(["manifest.json", "config.json", "layer.tar"]),
+    );
+    tarball
+}
+
+/// A mount namespace of the test's where `/run/containerd` is a fresh tmpfs, so a
+/// containerd can listen at its default socket without touching the machine's. It
+/// lives as long as its holder process (`sleep`).
+pub struct PrivateRun {
+    holder: Child,
+    /// Mount points made on the machine for it.
+    made: Vec<PathBuf>,
+}
+
+impl PrivateRun {
+    /// `/run/containerd` private: a containerd there listens at its default socket.
+    pub fn new() -> PrivateRun {
+        Self::over(&["/run/containerd"])
+    }
+
+    /// A fresh tmpfs over each of `dirs` (made on the machine first when missing, and
+    /// removed again after), in a mount namespace of its own.
+    pub fn over(dirs: &[&str]) -> PrivateRun {
+        let mut made = Vec::new();
+        for d in dirs {
+            if !Path::new(d).exists() {
+                fs::create_dir_all(d).unwrap();
+                made.push(PathBuf::from(d));
+            }
+        }
+        let mounts: Vec<String> = dirs
+            .iter()
+            .map(|d| format!("mount -t tmpfs -o mode=0755 cl-test {d}"))
+            .collect();
+        let mut holder = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(format!(
+                "{} && echo up && exec sleep infinity",
+                mounts.join(" && ")
+            ))
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("unshare");
+        let mut line = String::new();
+        use std::io::BufRead;
+        std::io::BufReader::new(holder.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "up", "private mounts not made: {dirs:?}");
+        PrivateRun { holder, made }
+    }
+
+    /// Its root as the test reaches it; the node's root for an agent that is given it.
+    pub fn root(&self) -> String {
+        format!("/proc/{}/root", self.holder.id())
+    }
+
+    pub fn mnt(&self) -> String {
+        format!("/proc/{}/ns/mnt", self.holder.id())
+    }
+
+    /// A path in the private mount namespace, as the test (outside it) reaches it.
+    pub fn reach(&self, path: &str) -> PathBuf {
+        Path::new(&format!("/proc/{}/root", self.holder.id())).join(path.trim_start_matches('/'))
+    }
+}
+
+impl Drop for PrivateRun {
+    fn drop(&mut self) {
+        let _ = self.holder.kill();
+        let _ = self.holder.wait();
+        for d in self.made.iter().rev() {
+            let _ = fs::remove_dir(d);
+        }
+    }
+}
+
+/// containerd running in the test host namespace; stopped by PID on drop.
+pub struct Containerd {
+    dir: PathBuf,
+    child: Option<Child>,
+    /// Its gRPC socket, as the test reaches it.
+    socket: PathBuf,
+}
+
+impl Containerd {
+    pub fn endpoint(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+
+    pub fn configure(f: &Fixture) -> PathBuf {
+        Self::configure_at(f, None)
+    }
+
+    /// `address`: its gRPC socket (default: in its own dir).
+    pub fn configure_at(f: &Fixture, address: Option<&str>) -> PathBuf {
+        let dir = f.tmp.path().join("containerd");
+        let d = dir.display();
+        let address = address.map_or_else(|| format!("{d}/containerd.sock"), String::from);
+        Self::configure_dirs(&dir, &address, &f.bin_dir, &f.conf_dir)
+    }
+
+    /// Its config in `dir`, with these CNI bin and conf dirs (as it sees them).
+    pub fn configure_dirs(dir: &Path, address: &str, bin_dir: &Path, conf_dir: &Path) -> PathBuf {
+        fs::create_dir_all(dir).unwrap();
+        let config = containerd_config(dir, address, bin_dir, conf_dir, SANDBOX_IMAGE);
+        fs::write(dir.join("config.toml"), config).unwrap();
+        dir.to_path_buf()
+    }
+
+    pub fn start(f: &Fixture, dir: &Path) -> Containerd {
+        Self::start_in(f, dir, None)
+    }
+
+    /// Started in `private`'s mount namespace, listening at the default socket there.
+    pub fn start_in(f: &Fixture, dir: &Path, private: Option<&PrivateRun>) -> Containerd {
+        Self::launch(dir, f.host.name(), private, Self::DEFAULT_SOCKET)
+    }
+
+    /// Where containerd listens unless configured otherwise.
+    pub const DEFAULT_SOCKET: &'static str = "/run/containerd/containerd.sock";
+
+    /// Started in the network namespace `/run/netns/<netns>` and, when given, in
+    /// `private`'s mount namespace, listening at `socket` there (as configured).
+    pub fn launch(
+        dir: &Path,
+        netns: &str,
+        private: Option<&PrivateRun>,
+        socket: &str,
+    ) -> Containerd {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("containerd.log"))
+            .unwrap();
+        // Only the network namespace is the test host's: `ip netns exec` would also
+        // remount /sys and hide the cgroup mounts runc needs. nsenter execs containerd,
+        // so the child's PID is containerd's.
+        let mut cmd = Command::new("nsenter");
+        if let Some(p) = private {
+            cmd.arg(format!("--mount={}", p.mnt()));
+        }
+        let socket = match private {
+            Some(p) => p.reach(socket),
+            None => dir.join("containerd.sock"),
+        };
+        let child = cmd
+            .arg(format!("--net=/run/netns/{netns}"))
+            .arg("containerd")
+            .arg("--config")
+            .arg(dir.join("config.toml"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start containerd");
+        let c = Containerd {
+            dir: dir.to_path_buf(),
+            child: Some(child),
+            socket,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !c.ctr(&["version"]).status.success() {
+            assert!(
+                Instant::now() < deadline,
+                "containerd did not come up:\n{}",
+                fs::read_to_string(dir.join("containerd.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        c
+    }
+
+    /// Killed as a crash kills it: its socket stays, and nothing answers there.
+    pub fn crash(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Removes the sandbox's state behind the runtime's back (as `crio wipe` does) and
+    /// stops containerd: started again, it has forgotten the sandbox, whose namespace stays.
+    pub fn forget_and_stop(&mut self, id: &str) {
+        let _ = self.ctr(&["tasks", "rm", "-f", id]);
+        let out = self.ctr(&["containers", "rm", id]);
+        assert!(out.status.success(), "{}", describe(&out));
+        self.stop();
+    }
+
+    pub fn ctr(&self, args: &[&str]) -> std::process::Output {
+        Command::new("ctr")
+            .arg("--address")
+            .arg(&self.socket)
+            .args(["-n", "k8s.io"])
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").arg(child.id().to_string()).status();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                if child.try_wait().unwrap().is_some() {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    pub fn run_sandbox(&self, name: &str, host_port: i32) -> String {
+        let req = RunPodSandboxRequest {
+            config: Some(PodSandboxConfig {
+                metadata: Some(PodSandboxMetadata {
+                    name: name.into(),
+                    uid: format!("uid-{name}"),
+                    namespace: "default".into(),
+                    attempt: 0,
+                }),
+                hostname: name.into(),
+                log_directory: self.dir.join("logs").join(name).display().to_string(),
+                port_mappings: vec![PortMapping {
+                    protocol: 0,
+                    container_port: 80,
+                    host_port,
+                    host_ip: String::new(),
+                }],
+            }),
+            runtime_handler: String::new(),
+        };
+        let resp: RunPodSandboxResponse = self
+            .call(RUN, req)
+            .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}\n{}", self.log()));
+        resp.pod_sandbox_id
+    }
+
+    pub fn stop_and_remove(&self, id: &str) {
+        let req = SandboxIdRequest {
+            pod_sandbox_id: id.into(),
+        };
+        let _: Empty = self
+            .call(STOP, req.clone())
+            .unwrap_or_else(|e| panic!("StopPodSandbox: {e}"));
+        let _: Empty = self
+            .call(REMOVE, req)
+            .unwrap_or_else(|e| panic!("RemovePodSandbox: {e}"));
+    }
+
+    pub fn call<Req, Resp>(&self, method: &'static str, req: Req) -> Result<Resp, String>
+    where
+        Req: prost::Message + Send + Sync + 'static,
+        Resp: prost::Message + Default + Send + Sync + 'static,
+    {
+        let endpoint = self.endpoint();
+        cri::block_on(async move {
+            let ch = cri::connect(&endpoint, Duration::from_secs(60))
+                .await
+                .map_err(|e| format!("{e:#}"))?;
+            cri::unary(ch, method, req)
+                .await
+                .map_err(|s| format!("{}: {}", s.code(), s.message()))
+        })
+        .unwrap()
+    }
+
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        // A failed assertion must not leave pause processes and namespaces behind.
+        if std::thread::panicking() && self.child.is_some() {
+            if let Ok(all) = cri::list_sandboxes(&self.endpoint(), Duration::from_secs(10)) {
+                for id in all.keys() {
+                    let req = SandboxIdRequest {
+                        pod_sandbox_id: id.clone(),
+                    };
+                    let _: Result<Empty, _> = self.call(STOP, req.clone());
+                    let _: Result<Empty, _> = self.call(REMOVE, req);
+                }
+            }
+        }
+        self.stop();
+    }
+}
