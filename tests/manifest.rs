@@ -384,7 +384,7 @@ fn each_overlay_builds_validates_and_names_its_platform_paths() {
 }
 
 #[test]
-fn the_flags_the_overlays_set_are_flags_of_the_agent() {
+fn every_flag_the_base_and_overlays_pass_is_a_flag_of_the_agent() {
     let out = ok(
         Command::new(ledger_bin())
             .args(["agent", "--help"])
@@ -393,7 +393,23 @@ fn the_flags_the_overlays_set_are_flags_of_the_agent() {
         "cni-ledger agent --help",
     );
     let help = String::from_utf8(out.stdout).unwrap();
-    for name in ["cni-bin-dir", "conf-dir", "cri-endpoint", "jobs"] {
+    let mut names: Vec<String> = Vec::new();
+    for dir in ["base", "overlays/k3s", "overlays/openshift", "overlays/gke"] {
+        let ds = daemonset(&documents(&kustomize_build(dir)));
+        for a in args(&ds) {
+            let name = a
+                .trim_start_matches("--")
+                .split('=')
+                .next()
+                .unwrap()
+                .to_string();
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    assert!(names.iter().any(|n| n == "node-root"), "{names:?}");
+    for name in &names {
         assert!(
             help.contains(&format!("--{name} ")) || help.contains(&format!("--{name}=")),
             "cni-ledger agent has no --{name}:\n{help}"
