@@ -331,3 +331,123 @@ fn unreachable_ledger_del_succeeds_and_says_so() {
     assert!(del.status.success(), "{}", describe(&del));
     assert!(f.log().contains("no ledger at"), "{}", f.log());
 }
+
+/// A plugin whose DEL hangs (its daemon not up yet after a reboot) must not hold the
+/// runtime's GC call past the verb's budget: CRI-O gives the whole call 30 s. The verb
+/// answers within `gcBudgetSecs` (plus the time to kill and write), kills the hanging
+/// DELs, starts no replay after it, keeps every record it did not clean and names each;
+/// a later `cni-ledger gc` with a longer timeout replays them all.
+#[test]
+fn hanging_del_is_cut_at_the_budget_and_records_are_kept_for_gc() {
+    const BUDGET_SECS: u64 = 2;
+    // Far past the budget, yet short enough for the later gc to wait it out.
+    const HANG_SECS: u64 = 8;
+    // Killing the plugins and writing five records; well under HANG_SECS.
+    const MARGIN: std::time::Duration = std::time::Duration::from_secs(3);
+    let mut f = Fixture::with_spec(ChainSpec {
+        portmap: false,
+        ..ChainSpec::full()
+    });
+    install_probe(&f.bin_dir);
+    let pids = f.tmp.path().join("probe.pids");
+    f.spec.extra = vec![json!({"type": PROBE, "hangDelSecs": HANG_SECS, "pidFile": pids})];
+    let spec = f.spec.clone();
+    f.write_conflist(&f.conflist(&spec));
+
+    // Five stale attachments: one more than gc's default parallel jobs, so one is
+    // still waiting when the budget runs out.
+    let cids: Vec<String> = (1..=5).map(|i| format!("c-hang-{i}")).collect();
+    let mut nss: Vec<Netns> = cids.iter().map(|_| Netns::new()).collect();
+    let ips: Vec<String> = cids
+        .iter()
+        .zip(&nss)
+        .map(|(c, ns)| add(&f, c, ns))
+        .collect();
+
+    let mut v: Value = serde_json::from_slice(&f.conflist_bytes()).unwrap();
+    v["cniVersion"] = json!("1.1.0");
+    v["plugins"][0]["gcBudgetSecs"] = json!(BUDGET_SECS);
+    f.write_conflist(&v);
+
+    let started = std::time::Instant::now();
+    let out = gc_verb(&f, Some(&[]));
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(BUDGET_SECS) + MARGIN,
+        "GC answered after {took:?}, budget {BUDGET_SECS}s\n{}\nlog:\n{}",
+        describe(&out),
+        f.log()
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    let err: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not one CNI error ({e}): {}", describe(&out)));
+    assert_eq!(err["code"], json!(11), "{err}");
+    let msg = err["msg"].as_str().unwrap();
+    let details = err["details"].as_str().unwrap();
+    assert!(
+        msg.contains("could not clean 5 attachment(s) within its 2s budget (gcBudgetSecs)"),
+        "{err}"
+    );
+    for (cid, ip) in cids.iter().zip(&ips) {
+        assert_eq!(
+            details.matches(&format!("{cid}/eth0:")).count(),
+            1,
+            "{cid} not named exactly once: {err}"
+        );
+        assert!(
+            f.record_path(cid, "eth0").exists(),
+            "{cid}'s record dropped"
+        );
+        assert!(f.ipam_addresses().contains(ip), "{cid}'s address released");
+    }
+    assert_eq!(details.matches("time budget ran out").count(), 8, "{err}");
+    assert_eq!(details.matches("not attempted").count(), 1, "{err}");
+    no_debug_text(&String::from_utf8_lossy(&out.stdout));
+    // The hanging DELs were killed, with what they started.
+    let started_pids = fs::read_to_string(&pids).unwrap();
+    let started_pids: Vec<&str> = started_pids.split_whitespace().collect();
+    assert_eq!(started_pids.len(), 8, "{started_pids:?}");
+    for pid in &started_pids {
+        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+        let gone = (0..20).any(|_| {
+            let gone = !proc_dir.exists();
+            if !gone {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            gone
+        });
+        assert!(gone, "probe process {pid} outlived the budget");
+    }
+
+    // The sandboxes vanish; a gc that may wait out the hang (and the backoff, --now)
+    // replays every one.
+    for ns in &mut nss {
+        ns.delete();
+    }
+    let (out, report) = f.gc(&[
+        "--now",
+        "--grace",
+        "0",
+        "--timeout",
+        "30",
+        "--jobs",
+        "5",
+        "--network",
+        &f.network,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}\nlog:\n{}",
+        describe(&out),
+        f.log()
+    );
+    assert_eq!(report.unwrap()["summary"]["replayed"], json!(5));
+    let addrs = f.ipam_addresses();
+    for (cid, ip) in cids.iter().zip(&ips) {
+        assert!(!f.record_path(cid, "eth0").exists(), "{cid}'s record kept");
+        assert!(
+            !addrs.contains(ip),
+            "{cid}'s address {ip} still held: {addrs:?}"
+        );
+    }
+}

@@ -24,7 +24,7 @@ and `verify` inspect the ledger, `inject` edits conflists.
 
 The ledger lives in /var/lib/cni-ledger (records/, snapshots/, locks/, quarantine/); \
 conflists are read from /etc/cni/net.d. Plugin options (ledgerDir, confDir, logFile, \
-logLevel, onLedgerError, capabilities, gcGraceSecs, lockTimeoutMs) go in the ledger's \
+logLevel, onLedgerError, capabilities, gcGraceSecs, gcBudgetSecs, lockTimeoutMs) go in the ledger's \
 own conflist entry.";
 
 #[derive(Parser)]

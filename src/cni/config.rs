@@ -14,6 +14,9 @@ pub const DEFAULT_PLUGIN_TYPE: &str = "cni-ledger";
 pub const DEFAULT_CNI_CACHE_DIR: &str = "/var/lib/cni";
 /// How long ADD/DEL wait for an attachment a gc replay holds (`lockTimeoutMs`).
 pub const DEFAULT_LOCK_TIMEOUT_MS: u64 = 5000;
+/// How long the CNI GC verb may take in all (`gcBudgetSecs`): CRI-O gives its whole GC
+/// call 30 s, so the answer must come well before that, whatever a plugin's DEL does.
+pub const DEFAULT_GC_BUDGET_SECS: u64 = 20;
 /// Largest stdin accepted; a conflist is a few KiB, anything near this is an attack or a bug.
 pub const MAX_STDIN: usize = 1 << 20;
 
@@ -49,6 +52,7 @@ struct Raw {
     prev_result: Option<Value>,
     lock_timeout_ms: Option<u64>,
     gc_grace_secs: Option<u64>,
+    gc_budget_secs: Option<u64>,
     #[serde(default)]
     return_devices: Value,
 }
@@ -71,6 +75,9 @@ pub struct NetConf {
     /// Grace period of the CNI GC verb, only when set: the runtime guarantees that no
     /// ADD or DEL runs during GC, so by default its valid list is the whole truth.
     pub gc_grace_secs: Option<u64>,
+    /// The GC verb's whole time budget: no replay starts after it, a plugin's DEL still
+    /// running then is killed, and what was not cleaned stays recorded for later.
+    pub gc_budget_secs: u64,
     /// `returnDevices`: None when off, and then DEL does no device work at all.
     pub return_devices: Option<crate::devices::Spec>,
     /// The whole stdin document, for commands (GC) that read more keys.
@@ -116,6 +123,14 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
             e,
         )
     })?;
+    let gc_budget_secs = raw.gc_budget_secs.unwrap_or(DEFAULT_GC_BUDGET_SECS);
+    if gc_budget_secs == 0 {
+        return Err(CniError::new(
+            error::INVALID_NETWORK_CONFIG,
+            "invalid cni-ledger configuration",
+            "gcBudgetSecs must be at least 1",
+        ));
+    }
     Ok(NetConf {
         // skel's decoder treats a missing version as 0.1.0, which no one supports today.
         cni_version: raw.cni_version.unwrap_or_else(|| "0.1.0".into()),
@@ -135,6 +150,7 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
         prev_result: raw.prev_result,
         lock_timeout_ms: raw.lock_timeout_ms.unwrap_or(DEFAULT_LOCK_TIMEOUT_MS),
         gc_grace_secs: raw.gc_grace_secs,
+        gc_budget_secs,
         return_devices,
         raw: value,
     })
@@ -151,6 +167,15 @@ mod tests {
         assert_eq!(c.capabilities, vec!["portMappings".to_string()]);
         assert_eq!(c.on_ledger_error, OnLedgerError::Fail);
         assert_eq!(c.lock_timeout_ms, DEFAULT_LOCK_TIMEOUT_MS);
+        assert_eq!(c.gc_budget_secs, DEFAULT_GC_BUDGET_SECS);
+        let c = parse(br#"{"name":"n","gcBudgetSecs":5}"#).unwrap();
+        assert_eq!(c.gc_budget_secs, 5);
+        for bad in [
+            &br#"{"name":"n","gcBudgetSecs":0}"#[..],
+            br#"{"name":"n","gcBudgetSecs":-1}"#,
+        ] {
+            assert_eq!(parse(bad).unwrap_err().code, error::INVALID_NETWORK_CONFIG);
+        }
         assert_eq!(c.log_level, Level::Error);
         let c = parse(br#"{"name":"n","logLevel":"info"}"#).unwrap();
         assert_eq!(c.log_level, Level::Info);

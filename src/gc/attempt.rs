@@ -187,6 +187,7 @@ fn del_chain(
         capability_args: &caps,
         prev_result: cached.and_then(|c| c.result.as_ref()),
         timeout: opts.timeout,
+        deadline: opts.deadline,
     };
     let outcomes = replay::replay_del(config, &rec.ledger_type, &inv);
     // The ledger's own DEL, skipped in the chain, runs last: its device return too.

@@ -26,7 +26,7 @@ use serde_json::Value;
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Records younger than this are left alone, unless the node rebooted since.
 pub const DEFAULT_GRACE_SECS: u64 = 60;
@@ -63,6 +63,9 @@ pub struct Options {
     /// Set by a shutting-down caller (the agent on SIGTERM): replays in progress finish,
     /// no new one starts.
     pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// The end of a caller's time budget (the GC verb's): no replay starts after it, and
+    /// a plugin still running then is killed; what was not attempted is `Deferred`.
+    pub deadline: Option<Instant>,
     /// A record absent from the CRI runtime's list is judged gone only at this age.
     pub cri_min_age_secs: i64,
 }
@@ -85,6 +88,7 @@ impl Options {
             retry_failed: false,
             cri: None,
             stop: None,
+            deadline: None,
             cri_min_age_secs: DEFAULT_CRI_MIN_AGE_SECS as i64,
         }
     }
@@ -105,6 +109,20 @@ pub fn valid_set(list: Value) -> serde_json::Result<HashSet<(String, String)>> {
         .into_iter()
         .map(|a| (a.container_id, a.ifname))
         .collect())
+}
+
+/// How long a plugin started at `now` may run: `timeout`, cut to what is left before
+/// `deadline`; None when nothing is left, and then it is not started at all.
+pub fn capped_timeout(
+    timeout: Duration,
+    deadline: Option<Instant>,
+    now: Instant,
+) -> Option<Duration> {
+    let left = match deadline {
+        Some(d) => timeout.min(d.saturating_duration_since(now)),
+        None => timeout,
+    };
+    (!left.is_zero()).then_some(left)
 }
 
 /// A stale record's reason and the identity that decided it.
@@ -270,8 +288,9 @@ fn scan(
     Ok((candidates, tallies))
 }
 
-/// Attempts every candidate on up to `opts.jobs` threads, until `opts.stop` is set;
-/// returns each report with its candidate's index, in candidate order.
+/// Attempts every candidate on up to `opts.jobs` threads, until `opts.stop` is set or
+/// `opts.deadline` passed; returns each report with its candidate's index, in candidate
+/// order. Past the deadline, those not attempted are reported `Deferred`.
 fn attempt_all(
     ledger: &Ledger,
     candidates: &[Candidate],
@@ -280,10 +299,13 @@ fn attempt_all(
     opts: &Options,
 ) -> Vec<(usize, RecordReport)> {
     let next = AtomicUsize::new(0);
+    let out_of_time = || opts.deadline.is_some_and(|d| Instant::now() >= d);
     let stopping = || {
-        opts.stop
-            .as_ref()
-            .is_some_and(|s| s.load(Ordering::Relaxed))
+        out_of_time()
+            || opts
+                .stop
+                .as_ref()
+                .is_some_and(|s| s.load(Ordering::Relaxed))
     };
     let jobs = opts.jobs.clamp(1, 64).min(candidates.len().max(1));
     let per_worker = crate::workers::run(jobs, || {
@@ -301,6 +323,16 @@ fn attempt_all(
         done
     });
     let mut results: Vec<_> = per_worker.into_iter().flatten().collect();
+    if out_of_time() {
+        let tried: HashSet<usize> = results.iter().map(|(i, _)| *i).collect();
+        for (i, c) in candidates
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !tried.contains(i))
+        {
+            results.push((i, RecordReport::of(&c.rec, c.judged, Action::Deferred)));
+        }
+    }
     results.sort_by_key(|(i, _)| *i);
     results
 }

@@ -25,6 +25,8 @@ pub struct Invocation<'a> {
     pub capability_args: &'a Map<String, Value>,
     pub prev_result: Option<&'a Value>,
     pub timeout: Duration,
+    /// A caller's time budget: each plugin's timeout is cut to what is left of it.
+    pub deadline: Option<std::time::Instant>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -149,6 +151,10 @@ fn kill_group(pid: i32) {
 }
 
 fn invoke_del(bin: &Path, config: &Value, inv: &Invocation) -> Result<(), (String, Option<i32>)> {
+    let now = std::time::Instant::now();
+    let Some(timeout) = super::capped_timeout(inv.timeout, inv.deadline, now) else {
+        return Err(("not started: the time budget ran out".into(), None));
+    };
     let mut cmd = Command::new(bin);
     // Like libcni: the caller's environment plus the CNI variables, none inherited.
     for (k, _) in std::env::vars_os() {
@@ -205,16 +211,21 @@ fn invoke_del(bin: &Path, config: &Value, inv: &Invocation) -> Result<(), (Strin
             return Err((format!("cannot start a thread to run it: {e}"), None));
         }
     };
-    let status = match rx.recv_timeout(inv.timeout) {
+    let status = match rx.recv_timeout(timeout) {
         Ok(Ok(status)) => status,
         Ok(Err(e)) => return Err((format!("waiting for {}: {e}", bin.display()), None)),
         Err(_) => {
             kill_group(pid);
             let _ = rx.recv();
-            return Err((
-                format!("timed out after {}s and was killed", inv.timeout.as_secs()),
-                None,
-            ));
+            let why = if timeout < inv.timeout {
+                format!(
+                    "killed after {:.1}s: the time budget ran out",
+                    timeout.as_secs_f64()
+                )
+            } else {
+                format!("timed out after {}s and was killed", timeout.as_secs())
+            };
+            return Err((why, None));
         }
     };
     let _ = writer.join();

@@ -49,6 +49,8 @@ pub enum Action {
     Changed,
     /// Live after all, on the re-check under its lock.
     Live,
+    /// Not attempted: the run's time budget (the GC verb's) ran out first.
+    Deferred,
 }
 
 impl Action {
@@ -65,6 +67,7 @@ impl Action {
             Action::Gone => "gone",
             Action::Changed => "changed",
             Action::Live => "live",
+            Action::Deferred => "deferred",
         }
     }
 }
@@ -80,7 +83,9 @@ impl Summary {
     pub(super) fn count(&mut self, action: Action) {
         match action {
             Action::Replayed => self.replayed += 1,
-            Action::Retrying | Action::SkipBackoff | Action::Busy => self.retrying += 1,
+            Action::Retrying | Action::SkipBackoff | Action::Busy | Action::Deferred => {
+                self.retrying += 1
+            }
             Action::Failed | Action::SkipFailed => self.failed += 1,
             Action::WouldReplay => self.would_replay += 1,
             // Counted stale by the scan, it never was.
@@ -233,6 +238,7 @@ mod tests {
             Action::Gone,
             Action::Changed,
             Action::Live,
+            Action::Deferred,
         ];
         for a in all {
             assert_eq!(serde_json::to_value(a).unwrap(), a.as_str(), "{a:?}");

@@ -4,13 +4,22 @@
 //! As the spec asks of GC, a replay that fails does not stop the others: the verb
 //! removes what it can and then reports, as a CNI error, every attachment it could not
 //! clean; their records stay for the next GC or `cni-ledger gc`.
+//!
+//! The runtime waits for the answer with a deadline of its own (CRI-O gives the whole
+//! call 30 s), so the verb works within `gcBudgetSecs`: no replay starts after it, a
+//! plugin still running then is killed, and every attachment not cleaned in time keeps
+//! its record and is named in the answer.
 
 use crate::cni::config::NetConf;
 use crate::cni::error::{self, CniError};
 use crate::gc::{self, Action, RecordReport, Report};
 use serde_json::Value;
+use std::time::{Duration, Instant};
 
 pub fn gc(conf: &NetConf) -> Result<(), CniError> {
+    // The budget counts from the verb's start: the scan is part of the wait too.
+    let budget = Duration::from_secs(conf.gc_budget_secs);
+    let deadline = Instant::now() + budget;
     let valid = gc::valid_set(valid_list(&conf.raw)).map_err(|e| {
         CniError::new(
             error::INVALID_NETWORK_CONFIG,
@@ -27,6 +36,7 @@ pub fn gc(conf: &NetConf) -> Result<(), CniError> {
     opts.grace_secs = conf.gc_grace_secs.unwrap_or(0) as i64;
     // The runtime asked now; a record waiting out its backoff is tried again.
     opts.ignore_backoff = true;
+    opts.deadline = Some(deadline);
     let report = gc::run(&opts).map_err(|e| CniError::from_anyhow(error::IO_FAILURE, &e))?;
     crate::info!(
         "GC {}: {} stale, {} replayed, {} retrying, {} failed",
@@ -36,7 +46,12 @@ pub fn gc(conf: &NetConf) -> Result<(), CniError> {
         report.summary.retrying,
         report.summary.failed
     );
-    match not_cleaned(&conf.name, &report) {
+    let out_of_time = Instant::now() >= deadline;
+    match not_cleaned(
+        &conf.name,
+        &report,
+        out_of_time.then_some(conf.gc_budget_secs),
+    ) {
         Some(e) => Err(e),
         None => Ok(()),
     }
@@ -44,16 +59,20 @@ pub fn gc(conf: &NetConf) -> Result<(), CniError> {
 
 /// Stale records the verb left behind: the error the runtime gets, each attachment
 /// named once with why it is still there. Records in a grace period the operator set
-/// are not judged yet and are no failure.
-fn not_cleaned(network: &str, report: &Report) -> Option<CniError> {
+/// are not judged yet and are no failure. `budget_spent` is the budget, when it ran out.
+fn not_cleaned(network: &str, report: &Report, budget_spent: Option<u64>) -> Option<CniError> {
     let left: Vec<String> = report.records.iter().filter_map(why_left).collect();
     if left.is_empty() {
         return None;
     }
+    let when = match budget_spent {
+        Some(secs) => format!(" within its {secs}s budget (gcBudgetSecs)"),
+        None => String::new(),
+    };
     Some(CniError::new(
         error::TRY_AGAIN_LATER,
         format!(
-            "GC of network {network} could not clean {} attachment(s); their records are kept for retry",
+            "GC of network {network} could not clean {} attachment(s){when}; their records are kept for retry",
             left.len()
         ),
         left.join("; "),
@@ -76,6 +95,7 @@ fn why_left(r: &RecordReport) -> Option<String> {
         ),
         Action::Busy => "busy: another cni-ledger gc holds it".to_string(),
         Action::SkipBackoff => "waiting out its backoff".to_string(),
+        Action::Deferred => "not attempted: the GC budget ran out first".to_string(),
         Action::Replayed
         | Action::WouldReplay
         | Action::SkipGrace
@@ -148,7 +168,7 @@ mod tests {
             ],
             ..Report::default()
         };
-        let e = not_cleaned("pods", &report).unwrap();
+        let e = not_cleaned("pods", &report, None).unwrap();
         assert_eq!(e.code, error::TRY_AGAIN_LATER);
         assert!(
             e.msg.contains("could not clean 2 attachment(s)"),
@@ -163,7 +183,45 @@ mod tests {
             records: vec![rec("a", Action::Replayed, vec![])],
             ..Report::default()
         };
-        assert!(not_cleaned("pods", &clean).is_none());
+        assert!(not_cleaned("pods", &clean, None).is_none());
+    }
+
+    #[test]
+    fn budget_spent_is_said_and_deferred_records_named() {
+        let report = Report {
+            records: vec![rec("late", Action::Deferred, vec![])],
+            ..Report::default()
+        };
+        let e = not_cleaned("pods", &report, Some(20)).unwrap();
+        assert_eq!(e.code, error::TRY_AGAIN_LATER);
+        assert!(
+            e.msg.contains("within its 20s budget (gcBudgetSecs)"),
+            "{}",
+            e.msg
+        );
+        assert_eq!(
+            e.details,
+            "late/eth0: not attempted: the GC budget ran out first"
+        );
+    }
+
+    /// Each plugin gets its own timeout, cut to what is left of the budget; nothing
+    /// starts once it is spent.
+    #[test]
+    fn plugin_timeout_is_capped_by_what_is_left_of_the_budget() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let timeout = s(60);
+        assert_eq!(gc::capped_timeout(timeout, None, t0), Some(timeout));
+        let deadline = Some(t0 + s(20));
+        assert_eq!(gc::capped_timeout(timeout, deadline, t0), Some(s(20)));
+        assert_eq!(
+            gc::capped_timeout(timeout, deadline, t0 + s(15)),
+            Some(s(5))
+        );
+        assert_eq!(gc::capped_timeout(s(3), deadline, t0 + s(15)), Some(s(3)));
+        assert_eq!(gc::capped_timeout(timeout, deadline, t0 + s(20)), None);
+        assert_eq!(gc::capped_timeout(timeout, deadline, t0 + s(25)), None);
     }
 
     #[test]
