@@ -488,11 +488,12 @@ fn a_single_plugin_conf_becomes_a_conflist_with_the_ledger_first() {
     assert_eq!(agent.stop(10).code(), Some(0));
 }
 
-/// gc inside the agent's image runs the chain's plugins in the node's own root
-/// (`--plugin-root /proc/1/root`, with the host's PID namespace): the plugin binary is
-/// exec'd there, so a root without it fails and a process's real root works.
+/// gc inside the agent's image enters the node's own root (`--node-root /proc/1/root`,
+/// with the host's PID namespace) before reading any path, and runs the chain's plugins
+/// there: a directory that is no node's root (no procfs in it) is refused before
+/// anything is judged, and a process's real root works.
 #[test]
-fn replayed_plugins_run_in_the_plugin_root() {
+fn gc_enters_the_node_root_and_replays_there() {
     let mut f = Fixture::ledger_only();
     let probe = f.bin_dir.join("cl-probe");
     fs::copy(
@@ -516,7 +517,7 @@ fn replayed_plugins_run_in_the_plugin_root() {
     let gc = |root: &Path| {
         f.host
             .cmd(ledger_bin())
-            .args(["gc", "--now", "--json", "--plugin-root"])
+            .args(["gc", "--now", "--json", "--node-root"])
             .arg(root)
             .arg("--ledger-dir")
             .arg(&f.ledger_dir)
@@ -529,15 +530,19 @@ fn replayed_plugins_run_in_the_plugin_root() {
     let empty = f.tmp.path().join("empty-root");
     fs::create_dir_all(&empty).unwrap();
     let out = gc(&empty);
-    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
-    let rep: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(rep["records"][0]["action"], "retrying", "{rep:#}");
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not a node's root"),
+        "{}",
+        describe(&out)
+    );
     assert!(
         !fs::read_to_string(&probe_log)
             .unwrap_or_default()
             .contains("DEL"),
-        "cl-probe ran outside the plugin root"
+        "cl-probe ran though the node's root was not entered"
     );
+    assert_eq!(f.record_files().len(), 1);
     // Another process's root, as /proc/1/root is the node's in the DaemonSet (PID 1
     // itself may be out of reach on a test machine): this test process's.
     let out = gc(Path::new(&format!("/proc/{}/root", std::process::id())));
