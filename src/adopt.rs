@@ -193,6 +193,7 @@ pub fn run(opts: &Options) -> Result<Report> {
     }
     let boot = sandbox::boot_id().context("reading the boot ID")?;
     let booted_at = boot_began()?;
+    let mut recorded = None;
     for path in files {
         let entry = match libcni_cache::read_entry(&path) {
             Ok(e) if opts.networks.contains(&e.network) => e,
@@ -208,6 +209,11 @@ pub fn run(opts: &Options) -> Result<Report> {
                     network: None,
                     cache_file: path.display().to_string(),
                 });
+                continue;
+            }
+            Err(_) if recorded_names(&ledger, &mut recorded)?.contains(&file_name(&path)) => {
+                // The record is the attachment's; its replay removes the file.
+                report.already_recorded += 1;
                 continue;
             }
             Err(reason) => {
@@ -283,6 +289,37 @@ pub fn run(opts: &Options) -> Result<Report> {
         );
     }
     Ok(report)
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The cache file names (`<net>-<cid>-<ifname>`) of the attachments the ledger has a
+/// record (or a damaged file) for, read once when first needed.
+fn recorded_names<'a>(
+    ledger: &Ledger,
+    names: &'a mut Option<std::collections::HashSet<String>>,
+) -> Result<&'a std::collections::HashSet<String>> {
+    if names.is_none() {
+        let mut out = std::collections::HashSet::new();
+        ledger.for_each(|e| {
+            let parts: Vec<&str> = e.stem.splitn(3, ':').collect();
+            let name = match &e.decoded {
+                Decoded::Ok(rec) => Some(format!(
+                    "{}-{}-{}",
+                    rec.network, rec.container_id, rec.ifname
+                )),
+                _ if parts.len() == 3 => Some(parts.join("-")),
+                _ => None,
+            };
+            out.extend(name);
+        })?;
+        *names = Some(out);
+    }
+    Ok(names.get_or_insert_with(Default::default))
 }
 
 /// Whether an unusable cache file's name (`<net>-<cid>-<ifname>`) may be of a network
