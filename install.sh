@@ -28,8 +28,9 @@ Build cni-ledger (cargo build --release --locked, statically linked) and install
   - the man pages (man cni-ledger) and bash/zsh/fish completions under
     $SHARE_PREFIX/share, and $SHARE_PREFIX/sbin/cni-ledger linked to the binary;
   - the ledger directory (mode 0700, root:root; existing records are kept);
-  - records for attachments libcni's cache knows and the ledger lacks
-    ('cni-ledger adopt', run once);
+  - records for attachments libcni's cache knows and the ledger lacks, of the
+    networks whose chain holds the ledger ('cni-ledger adopt', run once, after
+    --inject);
   - the gc schedule: with systemd running, the units $SERVICE (runs at boot)
     and $TIMER (1 min after boot, then every 5 min), enabled and the timer
     started; without systemd, the cron file $CRON_FILE (every 5 min and @reboot).
@@ -333,19 +334,6 @@ while p=$(dirname "$p"); do
 	[ "$p" != / ] || break
 done
 
-# ---------------------------------------------------------------- adopt
-
-# Attachments made before the ledger was in the chain are known only to libcni's
-# cache: give them records once, so gc can clean them up too. Never fatal: an
-# unusable cache file (exit 1) is reported by adopt itself.
-adopt_rc=0
-"$dest" adopt --ledger-dir "$ledger_dir" --cni-path "$bin_dir" || adopt_rc=$?
-case $adopt_rc in
-0) info "adopted libcni's cached attachments (cni-ledger list shows them)" ;;
-1) warn "cni-ledger adopt reported unusable libcni cache files (see above); they were not adopted" ;;
-*) warn "cni-ledger adopt failed (exit $adopt_rc); run it by hand: $dest adopt --ledger-dir $ledger_dir" ;;
-esac
-
 # ---------------------------------------------------------------- gc schedule
 
 scheduled="no schedule installed"
@@ -428,6 +416,23 @@ else
 		info "left alone (only *.conflist are handled): ${others[*]}"
 	fi
 fi
+
+# ---------------------------------------------------------------- adopt
+
+# Attachments made before the ledger was in the chain are known only to libcni's
+# cache: give them records once, so gc can clean them up too. Only networks whose
+# chain now holds this ledger are taken (a DEL of any other never reaches it), so
+# this runs after the conflists are injected. No --cni-path: each record's is where
+# its chain's plugins are (the install dir holds only cni-ledger). Never fatal: an
+# unusable cache file (exit 1) is reported by adopt itself.
+adopt_args=(--ledger-dir "$ledger_dir" --conf-dir "$conf_dir")
+adopt_rc=0
+"$dest" adopt "${adopt_args[@]}" || adopt_rc=$?
+case $adopt_rc in
+0) info "adopted libcni's cached attachments of the networks whose chain holds the ledger (cni-ledger list shows them)" ;;
+1) warn "cni-ledger adopt reported unusable libcni cache files (see above); they were not adopted" ;;
+*) warn "cni-ledger adopt failed (exit $adopt_rc); run it by hand: $(printf '%q ' "$dest" adopt "${adopt_args[@]}")" ;;
+esac
 
 info "done: binary $dest, ledger $ledger_dir, $scheduled"
 if [ ${#inject_failed[@]} -gt 0 ]; then

@@ -9,6 +9,11 @@
 //! clock may have been stepped since) is from an earlier boot (`boot-changed`);
 //! otherwise the record is live until the runtime's valid set says otherwise. An
 //! existing record is never touched.
+//!
+//! Only networks whose chain holds the ledger are taken: a DEL of any other network
+//! never reaches the ledger, so its record would outlive a clean teardown and be
+//! "released" by the next gc (containerd's own `cni-loopback` beside the pod network).
+//! What is left out is reported.
 
 use crate::cni::config::DEFAULT_PLUGIN_TYPE;
 use crate::gc::libcni_cache::{self, CacheEntry};
@@ -16,7 +21,9 @@ use crate::ledger::{Decoded, Key, Ledger, Record, Wait};
 use crate::sandbox::{self, Probe};
 use anyhow::{Context, Result};
 use serde::Serialize;
-use std::path::PathBuf;
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub const SOURCE_ADOPTED: &str = "adopted";
@@ -25,10 +32,23 @@ pub const SOURCE_ADOPTED: &str = "adopted";
 pub struct Options {
     pub ledger_dir: PathBuf,
     pub cache_dir: PathBuf,
-    /// CNI_PATH for replays of adopted records (the cache does not keep it).
-    pub cni_path: String,
+    /// The networks whose attachments are taken: those whose chain holds the ledger.
+    pub networks: BTreeSet<String>,
+    /// The runtime's plugin dirs (CNI_PATH) when known; else each record's is found in
+    /// `PLUGIN_SEARCH_DIRS` (the cache does not keep it).
+    pub cni_path: Option<String>,
     pub dry_run: bool,
 }
+
+/// Where runtimes look for CNI plugins unless told otherwise: containerd's and CRI-O's
+/// default, Debian's, Fedora's, and the local administrator's (Podman's list).
+pub const PLUGIN_SEARCH_DIRS: &[&str] = &[
+    "/opt/cni/bin",
+    "/usr/lib/cni",
+    "/usr/libexec/cni",
+    "/usr/local/lib/cni",
+    "/usr/local/libexec/cni",
+];
 
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -40,6 +60,19 @@ pub struct Adopted {
     pub action: AdoptAction,
     pub state: &'static str,
     pub reason: Option<&'static str>,
+    /// The record's CNI_PATH.
+    pub cni_path: String,
+    /// Plugins of the chain found in none of its dirs: its replay would fail.
+    pub missing_plugins: Vec<String>,
+}
+
+/// A cache entry of a network outside the scope: never adopted.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeftOut {
+    /// None for an unusable file that names no network of the scope.
+    pub network: Option<String>,
+    pub cache_file: String,
 }
 
 /// What became of one cache entry without a record.
@@ -87,7 +120,11 @@ pub struct Unusable {
 #[serde(rename_all = "camelCase")]
 pub struct Report {
     pub dry_run: bool,
+    /// The networks adoption took attachments of.
+    pub networks: Vec<String>,
     pub adopted: Vec<Adopted>,
+    /// Entries of networks whose chain does not hold the ledger.
+    pub left_out: Vec<LeftOut>,
     /// Cache entries the ledger already has a record (or a damaged file) for.
     pub already_recorded: usize,
     /// Cache files that are empty, cut off or otherwise unusable: reported, never used.
@@ -141,6 +178,7 @@ fn born_this_boot(dir: &str) -> Option<i64> {
 pub fn run(opts: &Options) -> Result<Report> {
     let mut report = Report {
         dry_run: opts.dry_run,
+        networks: opts.networks.iter().cloned().collect(),
         ..Report::default()
     };
     let files = libcni_cache::result_files(&opts.cache_dir)
@@ -155,9 +193,29 @@ pub fn run(opts: &Options) -> Result<Report> {
     }
     let boot = sandbox::boot_id().context("reading the boot ID")?;
     let booted_at = boot_began()?;
+    let mut recorded = None;
     for path in files {
         let entry = match libcni_cache::read_entry(&path) {
-            Ok(e) => e,
+            Ok(e) if opts.networks.contains(&e.network) => e,
+            Ok(e) => {
+                report.left_out.push(LeftOut {
+                    network: Some(e.network),
+                    cache_file: path.display().to_string(),
+                });
+                continue;
+            }
+            Err(_) if !named_in_scope(&path, &opts.networks) => {
+                report.left_out.push(LeftOut {
+                    network: None,
+                    cache_file: path.display().to_string(),
+                });
+                continue;
+            }
+            Err(_) if recorded_names(&ledger, &mut recorded)?.contains(&file_name(&path)) => {
+                // The record is the attachment's; its replay removes the file.
+                report.already_recorded += 1;
+                continue;
+            }
             Err(reason) => {
                 crate::warn!(
                     "adopt: {}: {reason}; not adopted, never acted on",
@@ -179,7 +237,15 @@ pub fn run(opts: &Options) -> Result<Report> {
             report.already_recorded += 1;
             continue;
         }
-        let rec = record_for(&entry, &boot, booted_at, &opts.cni_path);
+        let (cni_path, missing_plugins) = cni_path_for(&entry, opts.cni_path.as_deref());
+        if !missing_plugins.is_empty() {
+            crate::warn!(
+                "adopt: {key}: plugin(s) {} of its chain found in none of {cni_path}; \
+                 its replay will fail until they are there",
+                missing_plugins.join(", ")
+            );
+        }
+        let rec = record_for(&entry, &boot, booted_at, &cni_path);
         let reason = sandbox::liveness(&rec.boot_id, &rec.netns, rec.netns_id, &boot).reason;
         let action = if opts.dry_run {
             AdoptAction::WouldAdopt
@@ -207,9 +273,213 @@ pub fn run(opts: &Options) -> Result<Report> {
             action,
             state: if reason.is_some() { "stale" } else { "live" },
             reason: reason.map(|r| r.as_str()),
+            cni_path,
+            missing_plugins,
         });
     }
+    let mut left: std::collections::BTreeMap<&str, usize> = Default::default();
+    for l in &report.left_out {
+        *left.entry(l.network.as_deref().unwrap_or("?")).or_default() += 1;
+    }
+    for (net, n) in left {
+        crate::info!(
+            "adopt: left out {n} cache entr{} of network {net}: its chain does not hold \
+             this ledger, so no DEL of it would ever reach the record",
+            if n == 1 { "y" } else { "ies" }
+        );
+    }
     Ok(report)
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The cache file names (`<net>-<cid>-<ifname>`) of the attachments the ledger has a
+/// record (or a damaged file) for, read once when first needed.
+fn recorded_names<'a>(
+    ledger: &Ledger,
+    names: &'a mut Option<std::collections::HashSet<String>>,
+) -> Result<&'a std::collections::HashSet<String>> {
+    if names.is_none() {
+        let mut out = std::collections::HashSet::new();
+        ledger.for_each(|e| {
+            let parts: Vec<&str> = e.stem.splitn(3, ':').collect();
+            let name = match &e.decoded {
+                Decoded::Ok(rec) => Some(format!(
+                    "{}-{}-{}",
+                    rec.network, rec.container_id, rec.ifname
+                )),
+                _ if parts.len() == 3 => Some(parts.join("-")),
+                _ => None,
+            };
+            out.extend(name);
+        })?;
+        *names = Some(out);
+    }
+    Ok(names.get_or_insert_with(Default::default))
+}
+
+/// Whether an unusable cache file's name (`<net>-<cid>-<ifname>`) may be of a network
+/// in scope; a network name may hold `-`, so any prefix match counts (errs towards
+/// reporting it).
+fn named_in_scope(path: &Path, networks: &BTreeSet<String>) -> bool {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    networks.iter().any(|net| {
+        name.strip_prefix(net.as_str())
+            .is_some_and(|r| r.starts_with('-'))
+    })
+}
+
+/// The networks in `conf_dir` whose chain (as libcni picks a network's file: the first
+/// by its order) holds the ledger of type `ledger_type` recording into `ledger_dir`.
+/// A chain whose ledger records elsewhere is logged and left out: its records are not
+/// this ledger's to replay.
+pub fn ledger_networks(
+    conf_dir: &Path,
+    ledger_dir: &Path,
+    ledger_type: &str,
+) -> Result<BTreeSet<String>> {
+    let mut names = BTreeSet::new();
+    let rd = match std::fs::read_dir(conf_dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(names),
+        Err(e) => return Err(e).with_context(|| format!("listing {}", conf_dir.display())),
+    };
+    for item in rd {
+        let path = item
+            .with_context(|| format!("listing {}", conf_dir.display()))?
+            .path();
+        let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+        if !["conflist", "conf", "json"].contains(&ext) {
+            continue;
+        }
+        let Some(list) = std::fs::read(&path)
+            .ok()
+            .and_then(|b| crate::conflist::parse(&b))
+        else {
+            continue;
+        };
+        if let Some(name) = list["name"].as_str() {
+            names.insert(name.to_string());
+        }
+    }
+    let mut out = BTreeSet::new();
+    for name in names {
+        let Some(found) = crate::conflist::find(conf_dir, &name)? else {
+            continue;
+        };
+        let Some(entry) = crate::conflist::plugins(&found.list)
+            .iter()
+            .find(|p| crate::conflist::plugin_type(p) == ledger_type)
+        else {
+            continue;
+        };
+        let records_into = entry
+            .get("ledgerDir")
+            .and_then(Value::as_str)
+            .unwrap_or(crate::cni::config::DEFAULT_LEDGER_DIR);
+        if same_dir(Path::new(records_into), ledger_dir) {
+            out.insert(name);
+        } else {
+            crate::warn!(
+                "adopt: network {name} ({}): its ledger records into {records_into}, not {}; \
+                 left out",
+                found.path.display(),
+                ledger_dir.display()
+            );
+        }
+    }
+    Ok(out)
+}
+
+fn same_dir(a: &Path, b: &Path) -> bool {
+    let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    a == b || real(a) == real(b)
+}
+
+/// The plugin binaries a chain runs: each entry's type and its IPAM plugin's (which
+/// the main plugin finds through the same CNI_PATH), the ledger's own left out.
+fn chain_plugins(list: &Value) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for p in crate::conflist::plugins(list) {
+        let ipam = p
+            .get("ipam")
+            .and_then(|i| i.get("type"))
+            .and_then(Value::as_str);
+        for t in [Some(crate::conflist::plugin_type(p)), ipam]
+            .into_iter()
+            .flatten()
+        {
+            if t != DEFAULT_PLUGIN_TYPE && !out.iter().any(|o| o == t) {
+                out.push(t.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Whether `dir` holds an executable plugin `name` (a bare file name, as replay runs it).
+fn holds_plugin(dir: &Path, name: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return false;
+    }
+    std::fs::metadata(dir.join(name))
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// The CNI_PATH of an adopted record and the plugins of its chain found in none of its
+/// dirs. The runtime's dirs when known; else the search dirs that hold any of the
+/// chain's plugins, followed, when some plugin is found nowhere, by the other search
+/// dirs (so that installing it in any of them later lets the replay run).
+pub fn cni_path_for(entry: &CacheEntry, known: Option<&str>) -> (String, Vec<String>) {
+    let plugins = crate::conflist::parse(&entry.config_bytes)
+        .map(|l| chain_plugins(&l))
+        .unwrap_or_default();
+    cni_path_among(&plugins, known, PLUGIN_SEARCH_DIRS)
+}
+
+fn cni_path_among(
+    plugins: &[String],
+    known: Option<&str>,
+    search: &[&str],
+) -> (String, Vec<String>) {
+    let dirs: Vec<String> = match known {
+        Some(path) => path
+            .split(':')
+            .filter(|d| !d.is_empty())
+            .map(String::from)
+            .collect(),
+        None => search
+            .iter()
+            .filter(|d| plugins.iter().any(|p| holds_plugin(Path::new(d), p)))
+            .map(|d| d.to_string())
+            .collect(),
+    };
+    let missing: Vec<String> = plugins
+        .iter()
+        .filter(|p| !dirs.iter().any(|d| holds_plugin(Path::new(d), p)))
+        .cloned()
+        .collect();
+    let path = match known {
+        Some(path) => path.to_string(),
+        None if missing.is_empty() => dirs.join(":"),
+        None => dirs
+            .iter()
+            .map(String::as_str)
+            .chain(
+                search
+                    .iter()
+                    .copied()
+                    .filter(|d| !dirs.iter().any(|x| x == d)),
+            )
+            .collect::<Vec<_>>()
+            .join(":"),
+    };
+    (path, missing)
 }
 
 /// The record an adoption makes; judged by the same rules as every other record.
@@ -367,6 +637,60 @@ mod tests {
         assert_eq!(create(&ledger, &key, &rec, &e).unwrap(), AdoptAction::Gone);
         assert!(ledger.read(&key.stem()).unwrap().is_none());
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn cni_path_is_where_the_chains_plugins_are() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = std::env::temp_dir().join(format!("cl-adopt-path-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let (a, b, c) = (root.join("a"), root.join("b"), root.join("c"));
+        for d in [&a, &b, &c] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let put = |dir: &Path, name: &str, mode: u32| {
+            let p = dir.join(name);
+            std::fs::write(&p, b"").unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        put(&b, "bridge", 0o755);
+        put(&b, "host-local", 0o755);
+        put(&c, "portmap", 0o755);
+        put(&a, "portmap", 0o644); // not executable: not a plugin
+        let list = serde_json::json!({"name": "n", "plugins": [
+            {"type": "cni-ledger"},
+            {"type": "bridge", "ipam": {"type": "host-local"}},
+            {"type": "portmap"},
+        ]});
+        let plugins = chain_plugins(&list);
+        assert_eq!(plugins, ["bridge", "host-local", "portmap"]);
+        let s = |p: &PathBuf| p.to_str().unwrap().to_string();
+        let search = [s(&a), s(&b), s(&c)];
+        let search: Vec<&str> = search.iter().map(String::as_str).collect();
+        // Filtered to the dirs that hold them.
+        let (path, missing) = cni_path_among(&plugins, None, &search);
+        assert_eq!(path, format!("{}:{}", s(&b), s(&c)));
+        assert!(missing.is_empty());
+        // One found nowhere: named, and every search dir kept for when it appears.
+        let more = [plugins.clone(), vec!["tuning".into()]].concat();
+        let (path, missing) = cni_path_among(&more, None, &search);
+        assert_eq!(path, format!("{}:{}:{}", s(&b), s(&c), s(&a)));
+        assert_eq!(missing, ["tuning"]);
+        // The runtime's dirs, when known, as they are.
+        let (path, missing) = cni_path_among(&plugins, Some(&s(&b)), &search);
+        assert_eq!(path, s(&b));
+        assert_eq!(missing, ["portmap"]);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn unusable_files_are_judged_in_scope_by_their_name() {
+        let nets: BTreeSet<String> = ["pods".to_string(), "a-b".to_string()].into();
+        let in_scope = |n: &str| named_in_scope(Path::new(n), &nets);
+        assert!(in_scope("/r/pods-abc-eth0"));
+        assert!(in_scope("/r/a-b-c-eth0"));
+        assert!(!in_scope("/r/cni-loopback-abc-lo"));
+        assert!(!in_scope("/r/podsx-abc-eth0"));
     }
 
     #[test]

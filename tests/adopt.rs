@@ -120,19 +120,34 @@ fn nat_lines_for(f: &Fixture, cid: &str) -> usize {
         .count()
 }
 
+/// Puts the ledger back first in the fixture's chain, as `inject` would: adoption
+/// takes only networks whose chain holds the ledger.
+fn put_ledger_back(f: &mut Fixture) {
+    let spec = f.spec.clone();
+    f.write_conflist(&f.conflist(&spec));
+}
+
 fn adopt(f: &Fixture, extra: &[&str]) -> (Output, Value) {
-    let cache = f.cache_dir.to_string_lossy().into_owned();
     let cni_path = f.cni_path();
+    adopt_with(f, &["--cni-path", cni_path.as_str()], extra)
+}
+
+/// `adopt --json` over the fixture's cache and conf dir, `flags` and `extra` after.
+fn adopt_with(f: &Fixture, flags: &[&str], extra: &[&str]) -> (Output, Value) {
+    let cache = f.cache_dir.to_string_lossy().into_owned();
+    let conf = f.conf_dir.to_string_lossy().into_owned();
     let mut args = vec![
         "adopt",
         "--json",
         "--cni-cache-dir",
         cache.as_str(),
-        "--cni-path",
-        cni_path.as_str(),
+        "--conf-dir",
+        conf.as_str(),
     ];
+    args.extend_from_slice(flags);
     args.extend_from_slice(extra);
-    let out = f.ledger(&args);
+    // As install.sh runs it: no CNI_PATH unless a flag gives one.
+    let out = f.ledger_cmd(&args).env_remove("CNI_PATH").output().unwrap();
     let v = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("adopt printed no JSON ({e}): {}", describe(&out)));
     (out, v)
@@ -160,7 +175,7 @@ fn tree(dir: &Path) -> Vec<(String, Vec<u8>)> {
 
 #[test]
 fn adopted_attachments_are_judged_and_replayed_from_the_cached_conflist() {
-    let (f, _ns_led) = fixture_without_ledger();
+    let (mut f, _ns_led) = fixture_without_ledger();
     let led_record = fs::read(f.record_path("p-led", "eth0")).unwrap();
     let conflist = f.conflist_bytes();
     // Earlier boot, no netns cached: its namespace is gone as after a reboot.
@@ -190,12 +205,44 @@ fn adopted_attachments_are_judged_and_replayed_from_the_cached_conflist() {
     for cid in ["p-old", "p-new", "p-nsgone", "p-nslive"] {
         assert!(nat_lines_for(&f, cid) > 0, "{cid}: no DNAT to begin with");
     }
+    // An entry of a network whose chain does not hold the ledger (as containerd's own
+    // cni-loopback beside the pod network), and an unusable one of it: never taken.
+    let foreign = fs::read_to_string(f.cache_result_path("p-new", "eth0"))
+        .unwrap()
+        .replace(&format!(r#""{}""#, f.network), r#""cni-loopback""#)
+        .replace(r#""eth0""#, r#""lo""#);
+    assert!(
+        foreign.contains(r#""networkName":"cni-loopback""#),
+        "{foreign}"
+    );
+    fs::write(results.join("cni-loopback-p-new-lo"), foreign).unwrap();
+    fs::write(results.join("cni-loopback-p-cut-lo"), b"").unwrap();
+
+    // With the ledger out of every chain, nothing is taken; everything is left out.
+    let (out, rep) = adopt(&f, &["--dry-run"]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert!(rep["adopted"].as_array().unwrap().is_empty(), "{rep:#}");
+    assert_eq!(rep["leftOut"].as_array().unwrap().len(), 9, "{rep:#}");
+    put_ledger_back(&mut f);
 
     // A dry run writes nothing.
     let untouched = tree(&f.ledger_dir);
     let (out, rep) = adopt(&f, &["--dry-run"]);
     assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    assert_eq!(rep["networks"], json!([f.network]), "{rep:#}");
     assert_eq!(rep["adopted"].as_array().unwrap().len(), 4, "{rep:#}");
+    let left: Vec<&Value> = rep["leftOut"].as_array().unwrap().iter().collect();
+    assert_eq!(left.len(), 2, "{rep:#}");
+    assert!(left.iter().any(|l| l["network"] == json!("cni-loopback")
+        && l["cacheFile"]
+            .as_str()
+            .unwrap()
+            .ends_with("/cni-loopback-p-new-lo")));
+    assert!(left.iter().any(|l| l["network"].is_null()
+        && l["cacheFile"]
+            .as_str()
+            .unwrap()
+            .ends_with("/cni-loopback-p-cut-lo")));
     assert_eq!(
         tree(&f.ledger_dir),
         untouched,
@@ -222,6 +269,10 @@ fn adopted_attachments_are_judged_and_replayed_from_the_cached_conflist() {
     assert!(unusable.iter().any(|u| u.ends_with("-p-garbage-eth0")));
     assert!(!f.record_path("p-empty", "eth0").exists());
     assert!(!f.record_path("p-garbage", "eth0").exists());
+    assert!(
+        !f.records_dir().join("cni-loopback:p-new:lo.json").exists(),
+        "a network without the ledger was adopted"
+    );
     for (cid, state, reason) in [
         ("p-old", "stale", json!("boot-changed")),
         ("p-new", "live", Value::Null),
@@ -331,7 +382,15 @@ fn a_clock_stepped_forward_after_boot_leaves_this_boots_attachments_live() {
     let written = mtime(&cache);
     let judged = |btime: i64| -> Value {
         let dir = f.cache_dir.to_string_lossy().into_owned();
-        let mut c = f.ledger_cmd(&["adopt", "--json", "--dry-run", "--cni-cache-dir", &dir]);
+        let mut c = f.ledger_cmd(&[
+            "adopt",
+            "--json",
+            "--dry-run",
+            "--cni-cache-dir",
+            &dir,
+            "--network",
+            &f.network,
+        ]);
         // What /proc/stat says once the clock has been stepped forward past the write:
         // btime is the clock now less the time since boot.
         c.env("CNI_LEDGER_TEST_BTIME", btime.to_string());
@@ -362,4 +421,139 @@ fn a_clock_stepped_forward_after_boot_leaves_this_boots_attachments_live() {
         !f.record_path("p-step", "eth0").exists(),
         "a dry run wrote a record"
     );
+}
+
+/// As `install.sh` runs it (no `--cni-path`, no CNI_PATH): on a node whose plugins are
+/// in /usr/lib/cni only, an adopted record's CNI_PATH is where its chain's plugins are,
+/// so its replay releases the address.
+#[test]
+fn adopted_records_find_their_plugins_in_the_conventional_dirs() {
+    let (mut f, _ns_led) = fixture_without_ledger();
+    let mut ns = Netns::new();
+    let ip = add(&f, "p-deb", &ns, 8086);
+    add_netns_to_cache(&f, "p-deb", &ns.path_str());
+    ns.delete();
+    // A chain plugin found nowhere is warned about, per record; it is not installed.
+    let mut odd = Netns::new();
+    add(&f, "p-odd", &odd, 8087);
+    add_netns_to_cache(&f, "p-odd", &odd.path_str());
+    odd.delete();
+    let cache = f.cache_result_path("p-odd", "eth0");
+    let mut v: Value = serde_json::from_slice(&fs::read(&cache).unwrap()).unwrap();
+    let config = base64_decode(v["config"].as_str().unwrap());
+    let mut list: Value = serde_json::from_slice(&config).unwrap();
+    list["plugins"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "cl-no-such-plugin"}));
+    v["config"] = json!(base64_encode(&serde_json::to_vec(&list).unwrap()));
+    fs::write(&cache, serde_json::to_vec(&v).unwrap()).unwrap();
+    put_ledger_back(&mut f);
+
+    let (out, rep) = adopt_with(&f, &[], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let a = adopted(&rep, "p-deb").clone();
+    let odd_a = adopted(&rep, "p-odd").clone();
+    let adopt_stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+
+    let (out, rep) = f.gc(&["--grace", "0"]);
+    let rep = rep.unwrap_or_else(|| panic!("{}", describe(&out)));
+    let replayed: Vec<&Value> = rep["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["containerId"] == json!("p-deb"))
+        .collect();
+    assert_eq!(replayed.len(), 1, "{rep:#}");
+    assert_eq!(
+        replayed[0]["action"],
+        json!("replayed"),
+        "{rep:#}\nadopted: {a:#}"
+    );
+    assert!(!f.ipam_addresses().contains(&ip), "{rep:#}");
+    assert_eq!(nat_lines_for(&f, "p-deb"), 0, "{}", f.host.iptables_save());
+    assert!(!f.record_path("p-deb", "eth0").exists());
+    let path = a["cniPath"].as_str().unwrap();
+    assert!(
+        path.split(':').any(|d| d == CNI_PLUGIN_DIR),
+        "{CNI_PLUGIN_DIR} not in {path}: {a:#}"
+    );
+    assert_eq!(a["missingPlugins"], json!([]), "{a:#}");
+    // A chain plugin found nowhere: warned about for that record, which stays.
+    assert_eq!(
+        odd_a["missingPlugins"],
+        json!(["cl-no-such-plugin"]),
+        "{odd_a:#}"
+    );
+    assert!(adopt_stderr.contains("cl-no-such-plugin"), "{adopt_stderr}");
+    assert!(f.record_path("p-odd", "eth0").exists());
+}
+
+/// After a power cut libcni's cache file can be empty (written without fsync). A
+/// successful replay removes whatever is at the attachment's path, as libcni's DEL
+/// does, so `adopt` has nothing unusable to report afterwards.
+#[test]
+fn a_replay_removes_an_empty_cache_file_at_the_attachments_path() {
+    let f = Fixture::new();
+    let mut ns = Netns::new();
+    let res = f
+        .add(
+            "p-cut",
+            "eth0",
+            Some(&ns.path_str()),
+            Some(&port_mappings(8088)),
+        )
+        .unwrap_or_else(|e| panic!("ADD p-cut: {e}"));
+    let ip = first_ip(&res);
+    assert!(f.record_path("p-cut", "eth0").exists());
+    let cache = f.cache_result_path("p-cut", "eth0");
+    fs::write(&cache, b"").unwrap();
+    // The record covers it: not unusable for adopt, gc's to clean up.
+    let (out, rep) = adopt_with(&f, &[], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert_eq!(rep["alreadyRecorded"], json!(1), "{rep:#}");
+    assert!(rep["unusable"].as_array().unwrap().is_empty(), "{rep:#}");
+    ns.delete();
+
+    let (out, rep) = f.gc(&["--grace", "0"]);
+    let rep = rep.unwrap_or_else(|| panic!("{}", describe(&out)));
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert_eq!(rep["summary"]["replayed"], json!(1), "{rep:#}");
+    assert!(!f.ipam_addresses().contains(&ip));
+    assert!(!cache.exists(), "the empty cache file survived the replay");
+    let (out, rep) = adopt_with(&f, &[], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert!(rep["unusable"].as_array().unwrap().is_empty(), "{rep:#}");
+}
+
+fn base64_decode(s: &str) -> Vec<u8> {
+    let out = Command::new("base64")
+        .arg("-d")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(s.as_bytes())?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert!(out.status.success());
+    out.stdout
+}
+
+fn base64_encode(b: &[u8]) -> String {
+    let out = Command::new("base64")
+        .arg("-w0")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(b)?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()
 }

@@ -501,3 +501,83 @@ fn agent_releases_an_adopted_sandbox_containerd_forgot() {
     assert!(agent.stop(20).success(), "{}", agent.log_text());
     forget_system_cache_entries(&early);
 }
+
+/// containerd runs its own `cni-loopback` network beside the pod network, through the
+/// same libcni cache. The agent adopts the pod network's attachment made while the
+/// ledger was out of the chain, and nothing of cni-loopback (no DEL of it ever reaches
+/// the ledger): once containerd has stopped and removed the pod cleanly, the ledger
+/// holds nothing of it in any network, and gc has nothing to report.
+#[test]
+fn agent_adopts_nothing_a_clean_teardown_would_leave_behind() {
+    let _serial = one_containerd_at_a_time();
+    let mut f = Fixture::new();
+    f.network = format!("clscope{}", next_id());
+    let spec = f.spec.clone();
+    let mut plain = f.conflist(&spec);
+    plain["plugins"].as_array_mut().unwrap().remove(0); // [bridge+host-local, portmap]
+    f.write_conflist(&plain);
+    for p in ["loopback", "bridge", "host-local", "portmap"] {
+        symlink(Path::new(CNI_PLUGIN_DIR).join(p), f.bin_dir.join(p)).unwrap();
+    }
+    let private = PrivateRun::new();
+    let tarball = build_pause_image(f.tmp.path());
+    let dir = Containerd::configure_at(&f, Some("/run/containerd/containerd.sock"));
+    let ctrd = Containerd::start_in(&f, &dir, Some(&private));
+    let out = ctrd.ctr(&["images", "import", tarball.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let early = ctrd.run_sandbox("early", 18102);
+    let loopback_cache = Path::new("/var/lib/cni/results").join(format!("cni-loopback-{early}-lo"));
+    assert!(
+        loopback_cache.exists(),
+        "containerd ran no cni-loopback attachment"
+    );
+    assert!(!f.record_path(&early, "eth0").exists());
+
+    let mut agent = start_agent(&f, &private, Path::new("/var/lib/cni"), &["--grace", "0"]);
+    let record = f.record_path(&early, "eth0");
+    let runs = r#"cni_ledger_gc_runs_total{result="ok"}"#;
+    wait_metrics(&agent, "adopted, and a gc run", |m| {
+        record.exists()
+            && agent.log_text().contains("agent: adopted")
+            && sample(m, runs).unwrap_or(0.0) >= 1.0
+    });
+    let of_the_pod = |f: &Fixture| -> Vec<String> {
+        f.record_files()
+            .into_iter()
+            .filter(|n| n.contains(&early))
+            .collect()
+    };
+    assert_eq!(
+        of_the_pod(&f),
+        [format!("{}:{early}:eth0.json", f.network)],
+        "{}",
+        agent.log_text()
+    );
+    assert!(
+        agent.log_text().contains("network cni-loopback"),
+        "what was left out is not reported:\n{}",
+        agent.log_text()
+    );
+
+    ctrd.stop_and_remove(&early);
+    assert!(
+        !loopback_cache.exists(),
+        "containerd kept its cni-loopback entry"
+    );
+    let done = sample(&agent.metrics(), runs).unwrap_or(0.0);
+    wait_metrics(&agent, "two more gc runs", |m| {
+        sample(m, runs).unwrap_or(0.0) >= done + 2.0
+    });
+    assert!(
+        of_the_pod(&f).is_empty(),
+        "left after a clean Stop/Remove: {:?}\n{}",
+        of_the_pod(&f),
+        agent.log_text()
+    );
+    assert!(f.ipam_addresses().is_empty(), "address not released");
+    let (code, rep) = gc_cri(&f, &ctrd.endpoint());
+    assert_eq!(code, 0, "{rep:#}");
+    assert_eq!(rep["records"], json!([]), "{rep:#}");
+    assert!(agent.stop(20).success(), "{}", agent.log_text());
+    forget_system_cache_entries(&early);
+}

@@ -49,19 +49,22 @@ pub fn unrecorded(cache_dir: &Path, ledger: &Ledger, networks: &[String]) -> BTr
     out
 }
 
-/// Runs after every (re)injection: adopts the attachments libcni's cache has and the
-/// ledger lacks (`cni-ledger adopt`), then counts what is still unrecorded (unusable
+/// Runs after every (re)injection: adopts the attachments of the `injected` networks
+/// libcni's cache has and the ledger lacks (`cni-ledger adopt`), then counts what is still unrecorded (unusable
 /// cache files, keys busy at that moment).
 pub fn after_injection(
     cache_dir: &Path,
     ledger: &Ledger,
     networks: &[String],
+    injected: std::collections::BTreeSet<String>,
     cni_path: &str,
 ) -> BTreeMap<String, u64> {
     let opts = crate::adopt::Options {
         ledger_dir: ledger.root().to_path_buf(),
         cache_dir: cache_dir.to_path_buf(),
-        cni_path: cni_path.to_string(),
+        networks: injected,
+        // The bin dirs the agent serves are the runtime's.
+        cni_path: Some(cni_path.to_string()).filter(|p| !p.is_empty()),
         dry_run: false,
     };
     match crate::adopt::run(&opts) {

@@ -264,10 +264,16 @@ impl<'a> Watcher<'a> {
         let mut wake: Option<Instant> = None;
         let mut wrote = false;
         let mut networks = Vec::new();
+        let mut injected_networks = std::collections::BTreeSet::new();
         let mut shown = Vec::new();
         for path in &chosen {
             let (file, injected, w, net) = self.one(path, now);
             wrote |= w;
+            // Only a network whose chain holds the ledger has its attachments adopted:
+            // no DEL of any other would ever reach the record.
+            if injected {
+                injected_networks.extend(net.clone());
+            }
             networks.extend(net);
             // one() made the state for this file.
             let Some(st) = self.files.get(&file) else {
@@ -303,6 +309,7 @@ impl<'a> Watcher<'a> {
                 &self.opts.gc.cache_dir,
                 &Ledger::at(&self.opts.gc.ledger_dir),
                 &networks,
+                injected_networks,
                 &std::env::join_paths(&self.opts.bin_dirs)
                     .map(|p| p.to_string_lossy().into_owned())
                     .unwrap_or_default(),

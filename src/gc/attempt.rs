@@ -136,9 +136,8 @@ fn replay(
     }
     // libcni's entry goes while the key is still ours: once it is released, an adopt
     // that finds no record must not find the cache entry of what was just released.
-    if let Some(c) = &cached {
-        c.remove();
-    }
+    // Whatever is at its path goes, as libcni's DEL does: an unusable file too.
+    super::libcni_cache::remove_entry(&opts.cache_dir, &key);
     lock.release_and_remove();
     crate::faults::crash_point("gc.key-released");
     crate::info!("gc: {key}: replayed, record removed");

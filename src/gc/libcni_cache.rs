@@ -9,7 +9,6 @@ use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 
 pub struct CachedAttachment {
-    path: PathBuf,
     pub config: Option<Value>,
     pub result: Option<Value>,
     pub capability_args: Map<String, Value>,
@@ -173,22 +172,21 @@ impl CachedAttachment {
             .and_then(base64_decode)
             .and_then(|b| crate::conflist::parse(&b));
         Some(CachedAttachment {
-            path,
             config,
             result: file.result,
             capability_args: file.capability_args.unwrap_or_default(),
         })
     }
+}
 
-    /// libcni deletes the entry after a successful DEL; so does a successful replay.
-    pub fn remove(&self) {
-        if let Err(e) = std::fs::remove_file(&self.path) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                crate::warn!(
-                    "gc: cannot remove libcni cache {}: {e}",
-                    self.path.display()
-                );
-            }
+/// libcni removes an attachment's cache path after a successful DEL whatever it holds;
+/// so does a successful replay: an empty or cut-off file left there (libcni writes
+/// without fsync) would be reported unusable by every `adopt` from then on.
+pub fn remove_entry(cache_dir: &Path, key: &Key) {
+    let path = CachedAttachment::path_for(cache_dir, key);
+    if let Err(e) = std::fs::remove_file(&path) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            crate::warn!("gc: cannot remove libcni cache {}: {e}", path.display());
         }
     }
 }
