@@ -496,6 +496,41 @@ mod tests {
     }
 
     #[test]
+    fn the_capability_union_takes_in_the_dropins() {
+        let dir = scratch("dropins");
+        std::fs::create_dir_all(dir.join("n")).unwrap();
+        let conflist = dir.join("10-n.conflist");
+        std::fs::write(
+            dir.join("n/50-portmap.conf"),
+            br#"{"type":"portmap","capabilities":{"portMappings":true}}"#,
+        )
+        .unwrap();
+        let plan_of = |text: &str| {
+            plan(
+                &conflist,
+                text.as_bytes(),
+                "cni-ledger",
+                &EntryOptions::default(),
+                false,
+            )
+        };
+        let p = plan_of(r#"{"name":"n","plugins":[{"type":"bridge"}]}"#).unwrap();
+        assert_eq!(
+            p.new["plugins"][0]["capabilities"],
+            json!({"portMappings": true})
+        );
+        // Not loaded by libcni, so not the chain's.
+        let p =
+            plan_of(r#"{"name":"n","loadOnlyInlinedPlugins":true,"plugins":[{"type":"bridge"}]}"#)
+                .unwrap();
+        assert!(p.new["plugins"][0].get("capabilities").is_none());
+        // A drop-in libcni cannot parse: the network cannot load, nothing is planned.
+        std::fs::write(dir.join("n/60-bad.conf"), b"[]").unwrap();
+        assert!(plan_of(r#"{"name":"n","plugins":[{"type":"bridge"}]}"#).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn a_symlinked_conflist_is_never_replaced_by_a_regular_file() {
         let dir = scratch("link");
         std::fs::create_dir_all(dir.join("..data")).unwrap();
