@@ -104,9 +104,10 @@ pub fn find(dir: &Path, name: &str) -> Result<Option<Found>> {
                 sources,
             }));
         }
+        let inline = doc.get("plugins").is_some();
         let found = load(&path, bytes, doc)
             .with_context(|| format!("loading network {name} from {}", path.display()))?;
-        if found.sources.is_empty() {
+        if !inline && found.sources.is_empty() {
             // A conflist without plugins nor drop-ins: libcni's "no plugin configs
             // found"; not a chain the ledger can be in.
             continue;
