@@ -77,6 +77,12 @@ fi
 # installed system-wide), builds the manifest's overlays in tests/manifest.rs.
 bash scripts/fetch-unstable.sh kustomize target/kustomize
 
+# libcni v1.3 (drop-ins) for tests/dropins.rs' driver: its source and the Go that can
+# build it (bookworm's 1.19 cannot), unstable's, unpacked into target/ only.
+bash scripts/fetch-unstable.sh golang-github-appc-cni-dev target/libcni-1.3
+bash scripts/fetch-unstable.sh golang-1.27-go target/go-1.27
+bash scripts/fetch-unstable.sh golang-1.27-src target/go-1.27
+
 say "cargo fmt --check"
 cargo fmt --check
 

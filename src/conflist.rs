@@ -1,14 +1,55 @@
 //! Finding and reading network configuration lists the way libcni does: `.conflist`
 //! files by sorted name first, then `.conf`/`.json` files that hold a `plugins` list.
+//! A `.conflist` is loaded as libcni v1.3 loads it (`NetworkConfFromFile`): its inline
+//! plugins, then every plugin config of its drop-in directory `<dir>/<name>/*.conf`,
+//! sorted by file name, appended to the end of the chain, unless the conflist says
+//! `"loadOnlyInlinedPlugins": true`.
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+/// The key of a loaded-chain snapshot that names, per plugin, the file its config came
+/// from. A snapshot without it is a conflist file's own bytes: every plugin came from
+/// the record's `confFile`.
+pub const SOURCES_KEY: &str = "cniLedgerPluginSources";
+
 pub struct Found {
+    /// The conflist file.
     pub path: PathBuf,
+    /// The conflist file's bytes.
     pub bytes: Vec<u8>,
+    /// The chain as libcni loads it: the conflist with its drop-ins appended.
     pub list: Value,
+    /// Per plugin of `list`, the file its config came from.
+    pub sources: Vec<PathBuf>,
+}
+
+impl Found {
+    /// Whether any plugin of the chain came from a drop-in file.
+    pub fn has_dropins(&self) -> bool {
+        self.sources.iter().any(|s| *s != self.path)
+    }
+
+    /// What ADD stores as the snapshot: the conflist's own bytes when the chain is the
+    /// conflist alone (so the snapshot is named by the file's hash, as before drop-ins
+    /// existed); else the loaded chain with `SOURCES_KEY`.
+    pub fn snapshot_bytes(&self) -> Vec<u8> {
+        if !self.has_dropins() {
+            return self.bytes.clone();
+        }
+        let mut doc = self.list.clone();
+        if let Some(obj) = doc.as_object_mut() {
+            let sources = self
+                .sources
+                .iter()
+                .map(|s| Value::from(s.display().to_string()))
+                .collect();
+            obj.insert(SOURCES_KEY.into(), Value::Array(sources));
+        }
+        serde_json::to_vec(&doc).unwrap_or_else(|_| self.bytes.clone())
+    }
 }
 
 fn files_with(dir: &Path, exts: &[&str]) -> Result<Vec<PathBuf>> {
@@ -35,7 +76,9 @@ pub fn parse(bytes: &[u8]) -> Option<Value> {
     (v.get("name")?.is_string() && v.get("plugins")?.is_array()).then_some(v)
 }
 
-/// The conflist named `name` in `dir`, if any. Unreadable or foreign files are skipped.
+/// The conflist named `name` in `dir`, if any, loaded with its drop-ins. Unreadable or
+/// foreign files are skipped; a drop-in of the named network that cannot be read or
+/// parsed is an error, as it is for libcni (the runtime cannot load the network).
 pub fn find(dir: &Path, name: &str) -> Result<Option<Found>> {
     // One listing, .conflist files first (libcni's order), each group sorted by name.
     let mut files = files_with(dir, &["conflist", "conf", "json"])?;
@@ -44,13 +87,159 @@ pub fn find(dir: &Path, name: &str) -> Result<Option<Found>> {
         let Ok(bytes) = std::fs::read(&path) else {
             continue;
         };
-        if let Some(list) = parse(&bytes) {
-            if list["name"] == name {
-                return Ok(Some(Found { path, bytes, list }));
+        let is_conflist = path.extension().is_some_and(|e| e == "conflist");
+        let Some(doc) = parse_named(&bytes, is_conflist) else {
+            continue;
+        };
+        if doc["name"] != name {
+            continue;
+        }
+        if !is_conflist {
+            // libcni loads drop-ins for `.conflist` files only.
+            let sources = vec![path.clone(); plugins(&doc).len()];
+            return Ok(Some(Found {
+                path,
+                bytes,
+                list: doc,
+                sources,
+            }));
+        }
+        let inline = doc.get("plugins").is_some();
+        let found = load(&path, bytes, doc)
+            .with_context(|| format!("loading network {name} from {}", path.display()))?;
+        if !inline && found.sources.is_empty() {
+            // A conflist without plugins nor drop-ins: libcni's "no plugin configs
+            // found"; not a chain the ledger can be in.
+            continue;
+        }
+        return Ok(Some(found));
+    }
+    Ok(None)
+}
+
+/// A conflist (or, for `.conflist` files, which libcni v1.3 completes from drop-ins, a
+/// named object with no `plugins` key at all).
+fn parse_named(bytes: &[u8], is_conflist: bool) -> Option<Value> {
+    let v: Value = serde_json::from_slice(bytes).ok()?;
+    let plugins_ok = match v.get("plugins") {
+        Some(p) => p.is_array(),
+        None => is_conflist,
+    };
+    (v.get("name")?.is_string() && plugins_ok).then_some(v)
+}
+
+/// The conflist file `path` (its `bytes`, parsed as `doc`) with its drop-ins appended.
+pub fn load(path: &Path, bytes: Vec<u8>, mut doc: Value) -> Result<Found> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let dropins = dropins(dir, &doc)?;
+    let mut sources = vec![path.to_path_buf(); plugins(&doc).len()];
+    if let Some(obj) = doc.as_object_mut() {
+        let list = obj
+            .entry("plugins")
+            .or_insert_with(|| Value::Array(Vec::new()));
+        if let Some(list) = list.as_array_mut() {
+            for (file, plugin) in dropins {
+                list.push(plugin);
+                sources.push(file);
             }
         }
     }
-    Ok(None)
+    Ok(Found {
+        path: path.to_path_buf(),
+        bytes,
+        list: doc,
+        sources,
+    })
+}
+
+/// libcni v1.3's reading of a boolean conflist key: a JSON bool, or the string
+/// "true"/"false" in any case; absent is false; anything else is an error.
+fn read_bool(list: &Value, key: &str) -> Result<bool> {
+    match list.get(key) {
+        None => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(Value::String(s)) => match s.to_lowercase().as_str() {
+            "true" => Ok(true),
+            "false" => Ok(false),
+            other => bail!("error parsing configuration list: invalid value \"{other}\" for {key}"),
+        },
+        Some(other) => bail!("error parsing configuration list: invalid type {other} for {key}"),
+    }
+}
+
+/// The drop-in plugin configs of the conflist `list` read from `conf_dir`: every file
+/// of `<conf_dir>/<name>/` whose name ends in `.conf` (directories left out), in file
+/// name order, each parsed as one plugin config (an object with a non-empty `type`);
+/// none when the conflist says `loadOnlyInlinedPlugins`. Their own `name` and
+/// `cniVersion` do not matter: libcni gives every plugin the list's at invocation, as
+/// the replay does. Errors are libcni's: the whole network fails to load.
+pub fn dropins(conf_dir: &Path, list: &Value) -> Result<Vec<(PathBuf, Value)>> {
+    if read_bool(list, "loadOnlyInlinedPlugins")? {
+        return Ok(Vec::new());
+    }
+    let name = list.get("name").and_then(Value::as_str).unwrap_or("");
+    // Go's filepath.Join: a leading '/' of the name does not make it absolute.
+    let dir = conf_dir.join(name.trim_start_matches('/'));
+    let rd = match std::fs::read_dir(&dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => {
+            return Err(anyhow!(
+                "failed to read plugin config files in {}: {e}",
+                dir.display()
+            ))
+        }
+    };
+    let mut files = Vec::new();
+    for item in rd {
+        let item = item.map_err(|e| {
+            anyhow!(
+                "failed to read plugin config files in {}: {e}",
+                dir.display()
+            )
+        })?;
+        let is_dir = item.file_type().is_ok_and(|t| t.is_dir());
+        if !is_dir && item.file_name().as_bytes().ends_with(b".conf") {
+            files.push(item.path());
+        }
+    }
+    // Go's os.ReadDir order: by file name, bytewise.
+    files.sort_by(|a, b| a.as_os_str().as_bytes().cmp(b.as_os_str().as_bytes()));
+    let mut out = Vec::with_capacity(files.len());
+    for file in files {
+        let bytes =
+            std::fs::read(&file).map_err(|e| anyhow!("error reading {}: {e}", file.display()))?;
+        let plugin = parse_plugin(&bytes).map_err(|e| anyhow!("{}: {e}", file.display()))?;
+        out.push((file, plugin));
+    }
+    Ok(out)
+}
+
+/// One drop-in plugin config, judged as libcni's `NetworkPluginConfFromBytes` does.
+fn parse_plugin(bytes: &[u8]) -> Result<Value> {
+    let v: Value =
+        serde_json::from_slice(bytes).map_err(|e| anyhow!("error parsing configuration: {e}"))?;
+    let Some(obj) = v.as_object() else {
+        bail!("error parsing configuration: not a JSON object");
+    };
+    match obj.get("type") {
+        None | Some(Value::Null) => bail!("error parsing configuration: missing 'type'"),
+        Some(Value::String(t)) if t.is_empty() => {
+            bail!("error parsing configuration: missing 'type'")
+        }
+        Some(Value::String(_)) => Ok(v),
+        Some(other) => bail!("error parsing configuration: 'type' is {other}, not a string"),
+    }
+}
+
+/// Per plugin of a snapshot `doc`, the file its config came from: `SOURCES_KEY` when
+/// the snapshot is a loaded chain, else `conf_file` (a conflist file's own bytes).
+pub fn plugin_sources(doc: &Value, conf_file: Option<&str>) -> Vec<Option<String>> {
+    let n = plugins(doc).len();
+    match doc.get(SOURCES_KEY).and_then(Value::as_array) {
+        Some(s) if s.len() == n => s.iter().map(|v| v.as_str().map(String::from)).collect(),
+        _ => vec![conf_file.map(String::from); n],
+    }
 }
 
 /// What identifies a network's chain apart from the ledger's own place in it: a digest
@@ -165,6 +354,77 @@ mod tests {
         assert!(find(&dir, "s").unwrap().is_none());
         assert!(find(&dir, "zz").unwrap().is_none());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn dropins_are_appended_in_name_order_as_libcni_v1_3_loads_them() {
+        let dir = std::env::temp_dir().join(format!("cl-dropins-{}", std::process::id()));
+        let net = dir.join("n");
+        std::fs::create_dir_all(net.join("sub.conf")).unwrap();
+        let list = br#"{"name":"n","plugins":[{"type":"cni-ledger"},{"type":"bridge"}]}"#;
+        std::fs::write(dir.join("10-n.conflist"), list).unwrap();
+        std::fs::write(net.join("50-portmap.conf"), br#"{"type":"portmap"}"#).unwrap();
+        std::fs::write(
+            net.join("20-tuning.conf"),
+            br#"{"type":"tuning","name":"x"}"#,
+        )
+        .unwrap();
+        std::fs::write(net.join("30-skip.json"), br#"{"type":"skip"}"#).unwrap();
+        let f = find(&dir, "n").unwrap().unwrap();
+        let types: Vec<&str> = plugins(&f.list).iter().map(plugin_type).collect();
+        assert_eq!(types, ["cni-ledger", "bridge", "tuning", "portmap"]);
+        assert_eq!(f.sources[3], net.join("50-portmap.conf"));
+        assert_eq!(f.sources[1], dir.join("10-n.conflist"));
+        // The snapshot names each plugin's file; replay and list read them back.
+        let snap = parse(&f.snapshot_bytes()).unwrap();
+        let sources = plugin_sources(&snap, Some("/elsewhere"));
+        assert_eq!(
+            sources[2].as_deref(),
+            Some(net.join("20-tuning.conf").to_str().unwrap())
+        );
+        assert_eq!(
+            chain_digest(&snap, "cni-ledger"),
+            chain_digest(&f.list, "cni-ledger")
+        );
+
+        // loadOnlyInlinedPlugins, as a bool or libcni's string form: the conflist's bytes.
+        for only in [r#"true"#, r#""TRUE""#] {
+            let text = format!(
+                r#"{{"name":"n","loadOnlyInlinedPlugins":{only},"plugins":[{{"type":"bridge"}}]}}"#
+            );
+            std::fs::write(dir.join("10-n.conflist"), &text).unwrap();
+            let f = find(&dir, "n").unwrap().unwrap();
+            assert_eq!(plugins(&f.list).len(), 1);
+            assert_eq!(f.snapshot_bytes(), text.as_bytes());
+        }
+        std::fs::write(
+            dir.join("10-n.conflist"),
+            br#"{"name":"n","loadOnlyInlinedPlugins":"yes","plugins":[{"type":"bridge"}]}"#,
+        )
+        .unwrap();
+        assert!(find(&dir, "n").is_err());
+
+        // A drop-in without a type fails the whole network, in libcni's words.
+        std::fs::write(dir.join("10-n.conflist"), list).unwrap();
+        std::fs::write(net.join("60-bad.conf"), br#"{"name":"x"}"#).unwrap();
+        let e = format!("{:#}", find(&dir, "n").err().unwrap());
+        assert!(
+            e.contains("60-bad.conf") && e.contains("missing 'type'"),
+            "{e}"
+        );
+        std::fs::write(net.join("60-bad.conf"), b"{not json").unwrap();
+        let e = format!("{:#}", find(&dir, "n").err().unwrap());
+        assert!(e.contains("error parsing configuration"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn old_snapshots_name_the_records_conflist() {
+        let doc = parse(br#"{"name":"n","plugins":[{"type":"a"},{"type":"b"}]}"#).unwrap();
+        assert_eq!(
+            plugin_sources(&doc, Some("/c/10.conflist")),
+            vec![Some("/c/10.conflist".to_string()); 2]
+        );
     }
 
     #[test]

@@ -23,6 +23,19 @@ pub fn transform(
     opts: &EntryOptions,
     remove: bool,
 ) -> Result<Value> {
+    transform_with_dropins(doc, plugin_type, opts, remove, &[])
+}
+
+/// `transform`, with the drop-in plugin configs libcni appends to the chain: their
+/// capabilities join the union the ledger declares, since the runtime hands capability
+/// args to the chain as loaded, drop-ins included.
+pub fn transform_with_dropins(
+    doc: &Value,
+    plugin_type: &str,
+    opts: &EntryOptions,
+    remove: bool,
+    dropins: &[Value],
+) -> Result<Value> {
     let Some(obj) = doc.as_object() else {
         bail!("not a JSON object");
     };
@@ -38,7 +51,7 @@ pub fn transform(
     let mut new_plugins: Vec<Value> = Vec::with_capacity(plugins.len() + 1);
     if !remove {
         let mut caps = Map::new();
-        for p in &others {
+        for p in others.iter().copied().chain(dropins) {
             for cap in conflist::declared_capabilities(p) {
                 caps.insert(cap, Value::Bool(true));
             }
@@ -88,7 +101,19 @@ pub fn plan(
 ) -> Result<Planned> {
     let doc: Value =
         serde_json::from_slice(bytes).with_context(|| format!("parsing {}", path.display()))?;
-    let new = transform(&doc, plugin_type, opts, remove)?;
+    // libcni v1.3 loads drop-ins for `.conflist` files only; one it cannot parse makes
+    // the network unloadable, so nothing is planned for it either.
+    let dropins = if path.extension().is_some_and(|e| e == "conflist") && doc.is_object() {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        conflist::dropins(dir, &doc)
+            .with_context(|| format!("loading the drop-ins of {}", path.display()))?
+            .into_iter()
+            .map(|(_, plugin)| plugin)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let new = transform_with_dropins(&doc, plugin_type, opts, remove, &dropins)?;
     let mut text = serde_json::to_string_pretty(&new)?;
     text.push('\n');
     let changed = new != doc;
@@ -467,6 +492,41 @@ mod tests {
             [std::ffi::OsString::from("10-n.conflist")],
             "temp files left"
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_capability_union_takes_in_the_dropins() {
+        let dir = scratch("dropins");
+        std::fs::create_dir_all(dir.join("n")).unwrap();
+        let conflist = dir.join("10-n.conflist");
+        std::fs::write(
+            dir.join("n/50-portmap.conf"),
+            br#"{"type":"portmap","capabilities":{"portMappings":true}}"#,
+        )
+        .unwrap();
+        let plan_of = |text: &str| {
+            plan(
+                &conflist,
+                text.as_bytes(),
+                "cni-ledger",
+                &EntryOptions::default(),
+                false,
+            )
+        };
+        let p = plan_of(r#"{"name":"n","plugins":[{"type":"bridge"}]}"#).unwrap();
+        assert_eq!(
+            p.new["plugins"][0]["capabilities"],
+            json!({"portMappings": true})
+        );
+        // Not loaded by libcni, so not the chain's.
+        let p =
+            plan_of(r#"{"name":"n","loadOnlyInlinedPlugins":true,"plugins":[{"type":"bridge"}]}"#)
+                .unwrap();
+        assert!(p.new["plugins"][0].get("capabilities").is_none());
+        // A drop-in libcni cannot parse: the network cannot load, nothing is planned.
+        std::fs::write(dir.join("n/60-bad.conf"), b"[]").unwrap();
+        assert!(plan_of(r#"{"name":"n","plugins":[{"type":"bridge"}]}"#).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -5,6 +5,7 @@
 //! `--json` streams one object per record as the scan finds it, so memory does not grow
 //! with the ledger; the table is sorted and so holds its (short) cells.
 
+use crate::conflist;
 use crate::ledger::{Damaged, Decoded, Ledger, Quarantine, Record};
 use crate::sandbox;
 use anyhow::Result;
@@ -12,7 +13,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -54,9 +55,67 @@ struct Row<'a> {
     /// `adopted` for a record made by `cni-ledger adopt`, else null.
     source: Option<&'a str>,
     cache_file: Option<&'a str>,
+    /// The snapshot's chain, plugin by plugin with the file each config came from (the
+    /// conflist or a drop-in); null without a readable snapshot.
+    #[serde(serialize_with = "shared_chain")]
+    chain: Option<Arc<Vec<ChainPlugin>>>,
     /// With --cri-endpoint: `ready`, `notready` or `absent` for the runtime's networks.
     #[serde(skip_serializing_if = "Option::is_none")]
     runtime_state: Option<&'static str>,
+}
+
+#[derive(Serialize)]
+struct ChainPlugin {
+    #[serde(rename = "type")]
+    plugin_type: String,
+    source: Option<String>,
+}
+
+fn shared_chain<S: serde::Serializer>(
+    chain: &Option<Arc<Vec<ChainPlugin>>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    chain.as_deref().serialize(s)
+}
+
+/// The chain of each snapshot, read once per list however many records share it.
+#[derive(Default)]
+struct Chains(Mutex<std::collections::HashMap<String, Option<Arc<Vec<ChainPlugin>>>>>);
+
+impl Chains {
+    /// `rec`'s snapshot chain. Plugins of a conflist file's own bytes came from the
+    /// record's `confFile` (per record, so not shared through the cache).
+    fn of(&self, ledger: &Ledger, rec: &Record) -> Option<Arc<Vec<ChainPlugin>>> {
+        let hash = rec.snapshot.as_ref()?;
+        let key = format!("{hash}\0{}", rec.conf_file.as_deref().unwrap_or(""));
+        let mut cache = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(hit) = cache.get(&key) {
+            return hit.clone();
+        }
+        // A damaged or missing snapshot is gc's to report and quarantine: here it is
+        // only a chain not shown.
+        let chain = match ledger.get_snapshot(hash) {
+            Ok(crate::ledger::Snapshot::Ok(bytes)) => conflist::parse(&bytes).map(|doc| {
+                let sources = conflist::plugin_sources(&doc, rec.conf_file.as_deref());
+                Arc::new(
+                    conflist::plugins(&doc)
+                        .iter()
+                        .zip(sources)
+                        .map(|(p, source)| ChainPlugin {
+                            plugin_type: conflist::plugin_type(p).to_string(),
+                            source,
+                        })
+                        .collect(),
+                )
+            }),
+            _ => None,
+        };
+        cache.insert(key, chain.clone());
+        chain
+    }
 }
 
 #[derive(Serialize)]
@@ -155,6 +214,7 @@ fn row<'a>(
     boot: &str,
     path: &Path,
     cri: Option<&crate::cri::Judgement>,
+    chain: Option<Arc<Vec<ChainPlugin>>>,
 ) -> Row<'a> {
     let verdict = cri.and_then(|c| c.verdict(rec));
     let mut l = sandbox::liveness(&rec.boot_id, &rec.netns, rec.netns_id, boot);
@@ -184,6 +244,7 @@ fn row<'a>(
         file: path.display().to_string(),
         source: rec.source.as_deref(),
         cache_file: rec.cache_file.as_deref(),
+        chain,
         runtime_state: verdict.map(|v| v.as_str()),
     }
 }
@@ -215,12 +276,19 @@ pub fn run(args: Args) -> Result<i32> {
         out: std::io::BufWriter::new(std::io::stdout()),
         first: true,
     });
+    let chains = Chains::default();
     let scans = ledger.scan(
         crate::ledger::scan_jobs(),
         Scan::default,
         |acc, e| match e.decoded {
             Decoded::Ok(rec) => {
-                let r = row(&rec, &boot, &e.path, cri.as_ref());
+                // Only the JSON shows the chain: the table needs no snapshot read.
+                let chain = if args.json {
+                    chains.of(&ledger, &rec)
+                } else {
+                    None
+                };
+                let r = row(&rec, &boot, &e.path, cri.as_ref(), chain);
                 if args.json {
                     let pushed = serde_json::to_vec_pretty(&r)
                         .map_err(std::io::Error::from)

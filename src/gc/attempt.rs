@@ -111,6 +111,7 @@ fn replay(
                 ok: false,
                 error: Some(format!("{e:#}")),
                 exit_status: None,
+                source: None,
             };
             return record_failure(ledger, rec, judged, None, vec![outcome], now, opts);
         }

@@ -37,21 +37,27 @@ pub struct PluginOutcome {
     pub ok: bool,
     pub error: Option<String>,
     pub exit_status: Option<i32>,
+    /// The file the plugin's config came from (the conflist or a drop-in), when the
+    /// replayed chain names it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
-/// Runs DEL for every plugin of `list` in reverse order, skipping the ledger's own
-/// entries, and reports each outcome.
+/// Runs DEL for every plugin of `list` (a loaded chain: drop-ins included) in reverse
+/// order, skipping the ledger's own entries, and reports each outcome.
 pub fn replay_del(list: &Value, ledger_type: &str, inv: &Invocation) -> Vec<PluginOutcome> {
     let cni_version = list.get("cniVersion").and_then(Value::as_str).unwrap_or("");
     // libcni hands cached results to DEL only from 0.4.0 on.
     let prev = inv
         .prev_result
         .filter(|_| crate::cni::version::at_least(cni_version, "0.4.0"));
+    let sources = conflist::plugin_sources(list, None);
     conflist::plugins(list)
         .iter()
+        .zip(sources)
         .rev()
-        .filter(|p| conflist::plugin_type(p) != ledger_type)
-        .map(|plugin| {
+        .filter(|(p, _)| conflist::plugin_type(p) != ledger_type)
+        .map(|(plugin, source)| {
             let plugin_type = conflist::plugin_type(plugin).to_string();
             let config = plugin_config(plugin, inv.network, cni_version, inv.capability_args, prev);
             let result = find_plugin(&plugin_type, inv.cni_path)
@@ -62,12 +68,14 @@ pub fn replay_del(list: &Value, ledger_type: &str, inv: &Invocation) -> Vec<Plug
                     ok: true,
                     error: None,
                     exit_status: Some(0),
+                    source,
                 },
                 Err((msg, status)) => PluginOutcome {
                     plugin_type,
                     ok: false,
                     error: Some(msg),
                     exit_status: status,
+                    source,
                 },
             }
         })

@@ -205,14 +205,14 @@ impl Report {
     }
 }
 
-/// One failed plugin as an operator reads it: `type: message (exit N)`; a plugin that
+/// One failed plugin as an operator reads it: `type (from FILE): message (exit N)`; a plugin that
 /// never ran or was killed has no exit status to show.
 pub fn failure_text(o: &PluginOutcome) -> String {
     let msg = o.error.as_deref().unwrap_or("failed");
-    let who = if o.plugin_type.is_empty() {
-        String::new()
-    } else {
-        format!("{}: ", o.plugin_type)
+    let who = match (o.plugin_type.as_str(), &o.source) {
+        ("", _) => String::new(),
+        (t, Some(source)) => format!("{t} (from {source}): "),
+        (t, None) => format!("{t}: "),
     };
     match o.exit_status {
         Some(s) => format!("{who}{msg} (exit {s})"),

@@ -78,7 +78,10 @@ fn record(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
         Ok(Some(found)) if chain_includes(&found.list, &conf.plugin_type) => {
             warn_capabilities(conf, &found.list);
             guard = Some(ledger.snapshot_guard_shared().map_err(ledger_error)?);
-            let hash = ledger.put_snapshot(&found.bytes).map_err(ledger_error)?;
+            // The chain as libcni v1.3 loaded it, drop-ins included, is what a replay runs.
+            let hash = ledger
+                .put_snapshot(&found.snapshot_bytes())
+                .map_err(ledger_error)?;
             (Some(hash), Some(found.path.display().to_string()))
         }
         Ok(Some(found)) => {
@@ -99,7 +102,11 @@ fn record(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
             (None, None)
         }
         Err(e) => {
-            crate::warn!("ADD {key}: cannot search {}: {e:#}", dir.display());
+            // A drop-in libcni cannot parse lands here too, in libcni's words.
+            crate::warn!(
+                "ADD {key}: cannot load the chain from {}: {e:#}; recording without a snapshot",
+                dir.display()
+            );
             (None, None)
         }
     };

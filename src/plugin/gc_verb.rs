@@ -152,12 +152,14 @@ mod tests {
             ok: false,
             error: Some("cl-probe refuses DEL".into()),
             exit_status: Some(1),
+            source: None,
         };
         let ok = PluginOutcome {
             plugin_type: "bridge".into(),
             ok: true,
             error: None,
             exit_status: Some(0),
+            source: None,
         };
         let report = Report {
             records: vec![

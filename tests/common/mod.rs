@@ -68,43 +68,88 @@ fn target_dir() -> PathBuf {
 }
 
 /// Builds the libcni driver (tests/driver/main.go) once per test binary and returns
-/// its path. Built to a private temp name then renamed, so test binaries running in
-/// parallel never see a half-written executable.
+/// its path: Debian's golang-go and golang-github-appc-cni-dev (libcni 1.1).
 pub fn driver() -> PathBuf {
     static DRIVER: OnceLock<PathBuf> = OnceLock::new();
     DRIVER
         .get_or_init(|| {
-            let dir = target_dir();
-            fs::create_dir_all(&dir).expect("create target dir");
-            let out = dir.join("cni-driver");
-            let tmp = dir.join(format!("cni-driver.{}.tmp", std::process::id()));
-            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/driver/main.go");
             let go = std::env::var_os("GO").unwrap_or_else(|| "go".into());
-            let res = Command::new(&go)
-                .arg("build")
-                .arg("-o")
-                .arg(&tmp)
-                .arg(&src)
-                .env("GO111MODULE", "off")
-                .env("GOPATH", "/usr/share/gocode")
-                .env("GOFLAGS", "")
-                .env("GOCACHE", dir.join("go-build-cache"))
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
-                .output()
-                .unwrap_or_else(|e| panic!("cannot run {go:?} (install golang-go): {e}"));
-            if !res.status.success() {
-                let _ = fs::remove_file(&tmp);
-                panic!(
-                    "building the libcni driver failed (needs golang-go and \
-                     golang-github-appc-cni-dev):\n{}{}",
-                    String::from_utf8_lossy(&res.stdout),
-                    String::from_utf8_lossy(&res.stderr)
-                );
-            }
-            fs::rename(&tmp, &out).expect("rename driver into place");
-            out
+            build_driver("cni-driver", Path::new("/usr/share/gocode"), &go, None)
         })
         .clone()
+}
+
+/// The same driver built on libcni v1.3 (drop-ins, `loadOnlyInlinedPlugins`): Debian
+/// unstable's golang-github-appc-cni-dev and, since bookworm's Go cannot build it,
+/// unstable's Go 1.27, both unpacked under target/ by scripts/fetch-unstable.sh (as
+/// scripts/test.sh does; a no-op once fetched) and never installed.
+pub fn driver13() -> PathBuf {
+    static DRIVER: OnceLock<PathBuf> = OnceLock::new();
+    DRIVER
+        .get_or_init(|| {
+            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let cni = root.join("target/libcni-1.3");
+            let go = root.join("target/go-1.27");
+            for (pkg, dest) in [
+                ("golang-github-appc-cni-dev", &cni),
+                ("golang-1.27-go", &go),
+                ("golang-1.27-src", &go),
+            ] {
+                run_ok(
+                    Command::new("bash")
+                        .arg(root.join("scripts/fetch-unstable.sh"))
+                        .arg(pkg)
+                        .arg(dest),
+                );
+            }
+            let goroot = go.join("usr/lib/go-1.27");
+            build_driver(
+                "cni-driver-1.3",
+                &cni.join("usr/share/gocode"),
+                goroot.join("bin/go").as_os_str(),
+                Some(&goroot),
+            )
+        })
+        .clone()
+}
+
+/// Builds tests/driver/main.go in GOPATH mode against the libcni under `gopath`, to a
+/// private temp name then renamed, so test binaries running in parallel never see a
+/// half-written executable.
+fn build_driver(name: &str, gopath: &Path, go: &OsStr, goroot: Option<&Path>) -> PathBuf {
+    let dir = target_dir();
+    fs::create_dir_all(&dir).expect("create target dir");
+    let out = dir.join(name);
+    let tmp = dir.join(format!("{name}.{}.tmp", std::process::id()));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/driver/main.go");
+    let mut cmd = Command::new(go);
+    cmd.arg("build")
+        .arg("-o")
+        .arg(&tmp)
+        .arg(&src)
+        .env("GO111MODULE", "off")
+        .env("GOPATH", gopath)
+        .env("GOFLAGS", "")
+        .env("GOCACHE", dir.join("go-build-cache"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if let Some(root) = goroot {
+        // Never a newer toolchain fetched from the network.
+        cmd.env("GOROOT", root).env("GOTOOLCHAIN", "local");
+    }
+    let res = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {go:?} (install golang-go): {e}"));
+    if !res.status.success() {
+        let _ = fs::remove_file(&tmp);
+        panic!(
+            "building the libcni driver {name} failed (needs golang-go and \
+             golang-github-appc-cni-dev):\n{}{}",
+            String::from_utf8_lossy(&res.stdout),
+            String::from_utf8_lossy(&res.stderr)
+        );
+    }
+    fs::rename(&tmp, &out).expect("rename driver into place");
+    out
 }
 
 // ---------------------------------------------------------------------------------------
@@ -467,6 +512,8 @@ pub struct Fixture {
     /// e.g. "198.18.7" — the /24 is `<prefix>.0/24`, gateway `<prefix>.1`.
     pub subnet_prefix: String,
     pub spec: ChainSpec,
+    /// The libcni driver the fixture's add/del/check/load run (`driver()` unless set).
+    pub driver: PathBuf,
 }
 
 impl Fixture {
@@ -514,6 +561,7 @@ impl Fixture {
             bridge,
             subnet_prefix,
             spec: spec.clone(),
+            driver: driver(),
             tmp,
         };
         f.write_conflist(&f.conflist(&spec));
@@ -657,7 +705,7 @@ impl Fixture {
         netns: Option<&str>,
         cap_args: Option<&Value>,
     ) -> Command {
-        let mut c = self.host.cmd(driver());
+        let mut c = self.host.cmd(&self.driver);
         c.arg(verb)
             .arg("--conf-dir")
             .arg(&self.conf_dir)
@@ -742,7 +790,7 @@ impl Fixture {
 
     /// libcni LoadConfList: the plugin types of the fixture's network.
     pub fn load(&self) -> Result<Vec<String>, String> {
-        let out = Command::new(driver())
+        let out = Command::new(&self.driver)
             .args(["load", "--conf-dir"])
             .arg(&self.conf_dir)
             .arg("--net")
