@@ -112,14 +112,6 @@ fn add_netns_to_cache(f: &Fixture, cid: &str, netns: &str) {
     fs::write(&path, serde_json::to_vec(&v).unwrap()).unwrap();
 }
 
-fn nat_lines_for(f: &Fixture, cid: &str) -> usize {
-    f.host
-        .iptables_save()
-        .lines()
-        .filter(|l| l.contains(&format!(r#"id: \"{cid}\""#)))
-        .count()
-}
-
 /// Puts the ledger back first in the fixture's chain, as `inject` would: adoption
 /// takes only networks whose chain holds the ledger.
 fn put_ledger_back(f: &mut Fixture) {
@@ -203,7 +195,10 @@ fn adopted_attachments_are_judged_and_replayed_from_the_cached_conflist() {
     )
     .unwrap();
     for cid in ["p-old", "p-new", "p-nsgone", "p-nslive"] {
-        assert!(nat_lines_for(&f, cid) > 0, "{cid}: no DNAT to begin with");
+        assert!(
+            !f.host.nat_lines_for(cid).is_empty(),
+            "{cid}: no DNAT to begin with"
+        );
     }
     // An entry of a network whose chain does not hold the ledger (as containerd's own
     // cni-loopback beside the pod network), and an unusable one of it: never taken.
@@ -329,7 +324,11 @@ fn adopted_attachments_are_judged_and_replayed_from_the_cached_conflist() {
     let addrs = f.ipam_addresses();
     for (cid, ip) in [("p-old", &ip_old), ("p-nsgone", &ip_gone)] {
         assert!(!addrs.contains(ip), "{cid} kept {ip}: {addrs:?}");
-        assert_eq!(nat_lines_for(&f, cid), 0, "{}", f.host.iptables_save());
+        assert!(
+            f.host.nat_lines_for(cid).is_empty(),
+            "{}",
+            f.host.iptables_save()
+        );
         assert!(!f.record_path(cid, "eth0").exists());
         assert!(!f.cache_result_path(cid, "eth0").exists());
     }
@@ -339,7 +338,7 @@ fn adopted_attachments_are_judged_and_replayed_from_the_cached_conflist() {
     );
     for (cid, ip) in [("p-new", &ip_new), ("p-nslive", &ip_live)] {
         assert!(addrs.contains(ip), "{cid} lost {ip}: {addrs:?}");
-        assert!(nat_lines_for(&f, cid) > 0, "{cid} lost its DNAT");
+        assert!(!f.host.nat_lines_for(cid).is_empty(), "{cid} lost its DNAT");
         assert!(f.record_path(cid, "eth0").exists());
         assert!(f.cache_result_path(cid, "eth0").exists());
     }
@@ -471,7 +470,11 @@ fn adopted_records_find_their_plugins_in_the_conventional_dirs() {
         "{rep:#}\nadopted: {a:#}"
     );
     assert!(!f.ipam_addresses().contains(&ip), "{rep:#}");
-    assert_eq!(nat_lines_for(&f, "p-deb"), 0, "{}", f.host.iptables_save());
+    assert!(
+        f.host.nat_lines_for("p-deb").is_empty(),
+        "{}",
+        f.host.iptables_save()
+    );
     assert!(!f.record_path("p-deb", "eth0").exists());
     let path = a["cniPath"].as_str().unwrap();
     assert!(

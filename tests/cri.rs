@@ -138,22 +138,21 @@ fn wait_metrics(agent: &Agent, what: &str, cond: impl Fn(&str) -> bool) -> Strin
 /// The forgotten sandbox's address and DNAT are gone; the live one keeps its own.
 fn assert_only_wiped_released(f: &Fixture, wiped: &str, live: &str) {
     assert_eq!(f.ipam_addresses().len(), 1, "wiped's address not released");
-    assert_eq!(nat_lines_for(f, wiped), 0, "{}", f.host.iptables_save());
-    assert!(nat_lines_for(f, live) > 0, "the live sandbox lost its DNAT");
+    assert!(
+        f.host.nat_lines_for(wiped).is_empty(),
+        "{}",
+        f.host.iptables_save()
+    );
+    assert!(
+        !f.host.nat_lines_for(live).is_empty(),
+        "the live sandbox lost its DNAT"
+    );
     assert!(f.record_path(live, "eth0").exists());
 }
 
 fn record_netns(f: &Fixture, id: &str) -> String {
     let v: Value = serde_json::from_slice(&fs::read(f.record_path(id, "eth0")).unwrap()).unwrap();
     v["record"]["netns"].as_str().unwrap().to_string()
-}
-
-fn nat_lines_for(f: &Fixture, id: &str) -> usize {
-    f.host
-        .iptables_save()
-        .lines()
-        .filter(|l| l.contains(&format!(r#"id: \"{id}\""#)))
-        .count()
 }
 
 #[test]
@@ -177,7 +176,11 @@ fn containerd_sandbox_list_judges_exactly_the_forgotten_sandbox() {
     let wiped_ns = record_netns(&f, &wiped);
     let ips_before = f.ipam_addresses();
     assert_eq!(ips_before.len(), 2, "{ips_before:?}");
-    assert!(nat_lines_for(&f, &wiped) > 0, "{}", f.host.iptables_save());
+    assert!(
+        !f.host.nat_lines_for(&wiped).is_empty(),
+        "{}",
+        f.host.iptables_save()
+    );
     std::thread::sleep(Duration::from_millis(2100)); // records older than any list below
 
     // Both live in the runtime's list: nothing replayed, even with no grace.
@@ -438,6 +441,28 @@ fn agent_leaves_out_a_containerd_without_cri() {
     assert!(agent.stop(20).success(), "{}", agent.log_text());
 }
 
+/// A fixture whose conflist ([bridge+host-local, portmap]) does not hold the ledger yet,
+/// and containerd serving it at its default socket in a private `/run/containerd`, with
+/// the pause image imported: pods made now are recorded by nobody.
+fn containerd_before_injection(prefix: &str) -> (Fixture, PrivateRun, Containerd) {
+    let mut f = Fixture::new();
+    f.network = format!("{prefix}{}", next_id());
+    let spec = f.spec.clone();
+    let mut plain = f.conflist(&spec);
+    plain["plugins"].as_array_mut().unwrap().remove(0);
+    f.write_conflist(&plain);
+    for p in ["loopback", "bridge", "host-local", "portmap"] {
+        symlink(Path::new(CNI_PLUGIN_DIR).join(p), f.bin_dir.join(p)).unwrap();
+    }
+    let private = PrivateRun::new();
+    let tarball = build_pause_image(f.tmp.path());
+    let dir = Containerd::configure_at(&f, Some(Containerd::DEFAULT_SOCKET));
+    let ctrd = Containerd::start_in(&f, &dir, Some(&private));
+    let out = ctrd.ctr(&["images", "import", tarball.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", describe(&out));
+    (f, private, ctrd)
+}
+
 /// A sandbox made while the ledger was out of the chain: the agent injects the ledger,
 /// adopts the attachment from containerd's libcni cache and, once containerd has
 /// forgotten the sandbox, releases it. The chain libcni cached (without the ledger) is
@@ -445,21 +470,7 @@ fn agent_leaves_out_a_containerd_without_cri() {
 #[test]
 fn agent_releases_an_adopted_sandbox_containerd_forgot() {
     let _serial = one_containerd_at_a_time();
-    let mut f = Fixture::new();
-    f.network = format!("cladopt{}", next_id());
-    let spec = f.spec.clone();
-    let mut plain = f.conflist(&spec);
-    plain["plugins"].as_array_mut().unwrap().remove(0); // [bridge+host-local, portmap]
-    f.write_conflist(&plain);
-    for p in ["loopback", "bridge", "host-local", "portmap"] {
-        symlink(Path::new(CNI_PLUGIN_DIR).join(p), f.bin_dir.join(p)).unwrap();
-    }
-    let private = PrivateRun::new();
-    let tarball = build_pause_image(f.tmp.path());
-    let dir = Containerd::configure_at(&f, Some("/run/containerd/containerd.sock"));
-    let mut ctrd = Containerd::start_in(&f, &dir, Some(&private));
-    let out = ctrd.ctr(&["images", "import", tarball.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", describe(&out));
+    let (f, private, mut ctrd) = containerd_before_injection("cladopt");
     let early = ctrd.run_sandbox("early", 18101);
     assert!(
         !f.record_path(&early, "eth0").exists(),
@@ -480,6 +491,7 @@ fn agent_releases_an_adopted_sandbox_containerd_forgot() {
     // Listed by containerd: live, though the namespace is not recorded.
     assert_eq!(f.ipam_addresses().len(), 1, "{}", agent.log_text());
 
+    let dir = ctrd.dir.clone();
     ctrd.forget_and_stop(&early);
     let _ctrd = Containerd::start_in(&f, &dir, Some(&private));
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -492,7 +504,11 @@ fn agent_releases_an_adopted_sandbox_containerd_forgot() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(f.ipam_addresses().is_empty(), "address not released");
-    assert_eq!(nat_lines_for(&f, &early), 0, "{}", f.host.iptables_save());
+    assert!(
+        f.host.nat_lines_for(&early).is_empty(),
+        "{}",
+        f.host.iptables_save()
+    );
     assert!(
         agent.log_text().contains("not-in-runtime"),
         "{}",
@@ -510,21 +526,7 @@ fn agent_releases_an_adopted_sandbox_containerd_forgot() {
 #[test]
 fn agent_adopts_nothing_a_clean_teardown_would_leave_behind() {
     let _serial = one_containerd_at_a_time();
-    let mut f = Fixture::new();
-    f.network = format!("clscope{}", next_id());
-    let spec = f.spec.clone();
-    let mut plain = f.conflist(&spec);
-    plain["plugins"].as_array_mut().unwrap().remove(0); // [bridge+host-local, portmap]
-    f.write_conflist(&plain);
-    for p in ["loopback", "bridge", "host-local", "portmap"] {
-        symlink(Path::new(CNI_PLUGIN_DIR).join(p), f.bin_dir.join(p)).unwrap();
-    }
-    let private = PrivateRun::new();
-    let tarball = build_pause_image(f.tmp.path());
-    let dir = Containerd::configure_at(&f, Some("/run/containerd/containerd.sock"));
-    let ctrd = Containerd::start_in(&f, &dir, Some(&private));
-    let out = ctrd.ctr(&["images", "import", tarball.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", describe(&out));
+    let (f, private, ctrd) = containerd_before_injection("clscope");
     let early = ctrd.run_sandbox("early", 18102);
     let loopback_cache = Path::new("/var/lib/cni/results").join(format!("cni-loopback-{early}-lo"));
     assert!(

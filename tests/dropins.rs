@@ -48,16 +48,6 @@ fn port_mappings() -> Value {
     json!({"portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]})
 }
 
-/// The nat rules portmap made for `cid` (its comments name the container).
-fn nat_lines_for(f: &Fixture, cid: &str) -> Vec<String> {
-    f.host
-        .iptables_save()
-        .lines()
-        .filter(|l| l.contains(&format!(r#"id: \"{cid}\""#)))
-        .map(str::to_string)
-        .collect()
-}
-
 /// `(type, source)` of each plugin of a `list --json` row's chain.
 fn chain_of(row: &Value) -> Vec<(String, String)> {
     row["chain"]
@@ -128,7 +118,10 @@ fn dropin_portmap_is_snapshotted_and_released_by_gc() {
         .unwrap_or_else(|e| panic!("{e}\nlog:\n{}", f.log()));
     let nat = f.host.iptables_save();
     assert!(
-        nat_lines_for(&f, cid).iter().any(|l| l.contains("CNI-DN-"))
+        f.host
+            .nat_lines_for(cid)
+            .iter()
+            .any(|l| l.contains("CNI-DN-"))
             && nat.contains("--dport 8080"),
         "the drop-in portmap made no DNAT rule for {cid}:\n{nat}"
     );
@@ -160,7 +153,7 @@ fn dropin_portmap_is_snapshotted_and_released_by_gc() {
 
     let nat = f.host.iptables_save();
     assert!(
-        nat_lines_for(&f, cid).is_empty() && !nat.contains("CNI-DN-"),
+        f.host.nat_lines_for(cid).is_empty() && !nat.contains("CNI-DN-"),
         "the drop-in portmap's DNAT chain survived gc:\n{nat}"
     );
     assert!(f.ipam_addresses().is_empty(), "{:?}", f.ipam_addresses());
@@ -180,7 +173,7 @@ fn load_only_inlined_plugins_keeps_the_dropin_out_of_add_and_replay() {
     f.add(cid, "eth0", Some(&ns.path_str()), Some(&port_mappings()))
         .unwrap_or_else(|e| panic!("{e}\nlog:\n{}", f.log()));
     assert!(
-        nat_lines_for(&f, cid).is_empty(),
+        f.host.nat_lines_for(cid).is_empty(),
         "portmap ran though only inlined plugins load:\n{}",
         f.host.iptables_save()
     );

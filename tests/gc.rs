@@ -150,16 +150,6 @@ fn plugin_outcome<'a>(rec: &'a Value, plugin_type: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no outcome for plugin {plugin_type}: {rec:#}"))
 }
 
-/// Lines of the nat table that mention the container (portmap's comment carries its ID).
-fn nat_lines_for(f: &Fixture, cid: &str) -> Vec<String> {
-    f.host
-        .iptables_save()
-        .lines()
-        .filter(|l| l.contains(&format!(r#"id: \"{cid}\""#)))
-        .map(str::to_string)
-        .collect()
-}
-
 /// `ip -o addr show dev <ifname>` inside a namespace; None when the link is absent.
 fn link_in(ns: &Netns, ifname: &str) -> Option<String> {
     let out = ns
@@ -317,7 +307,7 @@ fn seed_story_vanished_namespace_is_cleaned_from_the_snapshot() {
         nat.contains(":CNI-DN-"),
         "portmap created no DNAT chain:\n{nat}"
     );
-    let mine = nat_lines_for(&f, cid);
+    let mine = f.host.nat_lines_for(cid);
     assert!(
         mine.iter().any(|l| l.contains("CNI-DN-")) && nat.contains("--dport 8080"),
         "no DNAT rule for {cid} / port 8080:\n{nat}"
@@ -330,7 +320,7 @@ fn seed_story_vanished_namespace_is_cleaned_from_the_snapshot() {
     // The reboot: the namespace goes away, nobody calls DEL.
     ns.delete();
     assert!(ipam_file(&f, &ip).exists(), "leak precondition");
-    assert!(!nat_lines_for(&f, cid).is_empty(), "leak precondition");
+    assert!(!f.host.nat_lines_for(cid).is_empty(), "leak precondition");
 
     let (code, rep, out) = gc_json(&f, &["--grace", "0"]);
     assert_eq!(code, 0, "gc: {}\nlog:\n{}", describe(&out), f.log());
@@ -368,7 +358,7 @@ fn seed_story_vanished_namespace_is_cleaned_from_the_snapshot() {
     );
     let nat = f.host.iptables_save();
     assert!(
-        nat_lines_for(&f, cid).is_empty() && !nat.contains("CNI-DN-"),
+        f.host.nat_lines_for(cid).is_empty() && !nat.contains("CNI-DN-"),
         "portmap DNAT rule/chain for {cid} survived gc:\n{nat}"
     );
     assert!(!f.record_path(cid, "eth0").exists(), "record survived");
@@ -532,7 +522,7 @@ fn failing_plugin_keeps_the_record_with_backoff_but_others_still_release() {
         "bridge's IPAM address not released although only cl-probe failed"
     );
     assert!(
-        nat_lines_for(&f, cid).is_empty(),
+        f.host.nat_lines_for(cid).is_empty(),
         "{}",
         f.host.iptables_save()
     );
@@ -711,7 +701,7 @@ fn assert_only_c_cleaned(f: &Fixture, nss: &[Netns], ips: &[String]) {
         assert!(ipam_file(f, &ips[i]).exists(), "{cid} lost its address");
         assert!(f.record_path(cid, "eth0").exists(), "{cid} lost its record");
         assert!(link_in(&nss[i], "eth0").is_some(), "{cid} lost its eth0");
-        assert!(!nat_lines_for(f, cid).is_empty(), "{cid} lost its DNAT");
+        assert!(!f.host.nat_lines_for(cid).is_empty(), "{cid} lost its DNAT");
         assert!(probe_calls(f, "DEL", cid).is_empty(), "{cid} got a DEL");
     }
     assert!(!ipam_file(f, &ips[2]).exists(), "c-c kept its address");
@@ -720,7 +710,7 @@ fn assert_only_c_cleaned(f: &Fixture, nss: &[Netns], ips: &[String]) {
         "c-c kept its record"
     );
     assert!(
-        nat_lines_for(f, "c-c").is_empty(),
+        f.host.nat_lines_for("c-c").is_empty(),
         "{}",
         f.host.iptables_save()
     );

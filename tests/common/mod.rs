@@ -351,6 +351,15 @@ impl TestHost {
             .collect()
     }
 
+    /// Lines of the nat table that mention the container (portmap's comment names it).
+    pub fn nat_lines_for(&self, cid: &str) -> Vec<String> {
+        self.iptables_save()
+            .lines()
+            .filter(|l| l.contains(&format!(r#"id: \"{cid}\""#)))
+            .map(str::to_string)
+            .collect()
+    }
+
     /// `iptables-save` of every table inside the host namespace.
     pub fn iptables_save_all(&self) -> String {
         let out = run_ok(&mut self.cmd("iptables-save"));

@@ -196,7 +196,7 @@ impl Drop for PrivateRun {
 
 /// containerd running in the test host namespace; stopped by PID on drop.
 pub struct Containerd {
-    dir: PathBuf,
+    pub dir: PathBuf,
     child: Option<Child>,
     /// Its gRPC socket, as the test reaches it.
     socket: PathBuf,
