@@ -451,3 +451,161 @@ fn hanging_del_is_cut_at_the_budget_and_records_are_kept_for_gc() {
         );
     }
 }
+
+/// A chained plugin whose DEL hangs while the file named by its `hangWhile` key exists
+/// (its daemon not up yet), appending its PID to `pidFile` when it starts hanging; every
+/// other call, and DEL once the file is gone, is cl-probe's.
+const HANG_DEL: &str = r#"#!/bin/bash
+stdin=$(cat)
+opt() {
+	local re="\"$1\"[[:space:]]*:[[:space:]]*\"([^\"]*)\""
+	[[ $stdin =~ $re ]] && printf '%s' "${BASH_REMATCH[1]}"
+}
+marker=$(opt hangWhile)
+if [[ ${CNI_COMMAND:-} == DEL && -n $marker && -e $marker ]]; then
+	echo "$$" >>"$(opt pidFile)"
+	while [[ -e $marker ]]; do sleep 0.2; done
+fi
+printf '%s' "$stdin" | exec "$(dirname "$0")/cl-probe"
+"#;
+
+/// The same budget through the real libcni v1.3 `GCNetworkList`, the call CRI-O and
+/// containerd make: the runtime gets its answer within `gcBudgetSecs`, the records the
+/// ledger could not clean stay, and a later `cni-ledger gc` replays them once the plugin
+/// answers again.
+///
+/// `GCNetworkList` first runs `DelNetworkList` itself for every stale attachment in
+/// libcni's cache, under nothing but the caller's context; with this chain that DEL
+/// would hang before the ledger is even asked, and no budget of the ledger could
+/// shorten it. What only the ledger can clean are attachments libcni no longer knows:
+/// libcni writes its cache without fsync, a power cut leaves the files empty, and
+/// `GetCachedAttachments` skips a file it cannot parse. So the stale attachments' cache
+/// files are emptied here as a power cut would, which makes the ledger's GC verb the
+/// only part that meets the hanging plugin, and the part timed.
+#[test]
+fn hanging_del_through_libcni13_gc_is_answered_within_the_budget() {
+    const BUDGET_SECS: u64 = 2;
+    // Killing the plugins and writing the records.
+    const MARGIN: std::time::Duration = std::time::Duration::from_secs(3);
+    let mut f = Fixture::with_spec(ChainSpec {
+        portmap: false,
+        ..ChainSpec::full()
+    });
+    f.driver = driver13();
+    install_probe(&f.bin_dir);
+    let hang_del = f.bin_dir.join("hang-del");
+    fs::write(&hang_del, HANG_DEL).unwrap();
+    set_mode(&hang_del, 0o755);
+    let hanging = f.tmp.path().join("daemon-down");
+    let pids = f.tmp.path().join("hang.pids");
+    f.spec.extra = vec![json!({"type": "hang-del", "hangWhile": hanging, "pidFile": pids})];
+    let spec = f.spec.clone();
+    f.write_conflist(&f.conflist(&spec));
+
+    let stale: Vec<String> = (1..=3).map(|i| format!("c-stale-{i}")).collect();
+    let mut nss: Vec<Netns> = stale.iter().map(|_| Netns::new()).collect();
+    let ips: Vec<String> = stale
+        .iter()
+        .zip(&nss)
+        .map(|(c, ns)| add(&f, c, ns))
+        .collect();
+    let ns_live = Netns::new();
+    let ip_live = add(&f, "c-live", &ns_live);
+    for (cid, ns) in stale.iter().zip(&mut nss) {
+        ns.delete();
+        let cache = f.cache_result_path(cid, "eth0");
+        assert!(cache.exists(), "no libcni cache file for {cid}");
+        fs::write(&cache, b"").unwrap();
+    }
+
+    let mut v: Value = serde_json::from_slice(&f.conflist_bytes()).unwrap();
+    v["cniVersion"] = json!("1.1.0");
+    v["plugins"][0]["gcBudgetSecs"] = json!(BUDGET_SECS);
+    f.write_conflist(&v);
+    fs::write(&hanging, b"").unwrap();
+
+    // CRI-O's deadline for the whole call, so a ledger past it is killed, not waited on.
+    let mut gc = f.host.cmd(&f.driver);
+    gc.arg("gc")
+        .arg("--conf-dir")
+        .arg(&f.conf_dir)
+        .args([
+            "--net",
+            &f.network,
+            "--valid",
+            "c-live/eth0",
+            "--timeout",
+            "30",
+        ])
+        .arg("--cni-path")
+        .arg(f.cni_path())
+        .arg("--cache-dir")
+        .arg(&f.cache_dir);
+    let started = std::time::Instant::now();
+    let out = gc.output().unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(BUDGET_SECS) + MARGIN,
+        "GC through libcni answered after {took:?}, budget {BUDGET_SECS}s\n{}\nlog:\n{}",
+        describe(&out),
+        f.log()
+    );
+    // libcni joins every plugin's GC error; the ledger's says what it left and why.
+    assert!(!out.status.success(), "{}", describe(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "failed to GC plugin cni-ledger: GC of network {} could not clean 3 attachment(s) \
+             within its 2s budget (gcBudgetSecs)",
+            f.network
+        )),
+        "{}\nlog:\n{}",
+        describe(&out),
+        f.log()
+    );
+    for (cid, ip) in stale.iter().zip(&ips) {
+        assert_eq!(err.matches(&format!("{cid}/eth0:")).count(), 1, "{err}");
+        assert!(
+            f.record_path(cid, "eth0").exists(),
+            "{cid}'s record dropped"
+        );
+        assert!(f.ipam_addresses().contains(ip), "{cid}'s address released");
+    }
+    assert!(!err.contains("c-live"), "{err}");
+    // The hanging DELs did not outlive the verb.
+    let hung = fs::read_to_string(&pids).unwrap();
+    let hung: Vec<&str> = hung.split_whitespace().collect();
+    assert_eq!(hung.len(), 3, "{hung:?}");
+    for pid in &hung {
+        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+        let gone = (0..20).any(|_| {
+            let gone = !proc_dir.exists();
+            if !gone {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            gone
+        });
+        assert!(gone, "hanging DEL {pid} outlived the GC verb");
+    }
+
+    // The plugin's daemon is up: gc replays each kept record once, and leaves nothing
+    // of them in libcni's cache; the live attachment is untouched.
+    fs::remove_file(&hanging).unwrap();
+    let (out, report) = f.gc(&["--now", "--grace", "0", "--network", &f.network]);
+    assert!(
+        out.status.success(),
+        "{}\nlog:\n{}",
+        describe(&out),
+        f.log()
+    );
+    assert_eq!(report.unwrap()["summary"]["replayed"], json!(3));
+    let addrs = f.ipam_addresses();
+    for (cid, ip) in stale.iter().zip(&ips) {
+        assert!(!f.record_path(cid, "eth0").exists(), "{cid}'s record kept");
+        assert!(!f.cache_result_path(cid, "eth0").exists(), "{cid}'s cache");
+        assert!(!addrs.contains(ip), "{cid}'s address {ip} held: {addrs:?}");
+    }
+    assert!(f.record_path("c-live", "eth0").exists());
+    assert!(addrs.contains(&ip_live), "{addrs:?}");
+    assert!(ns_live.path().exists());
+}

@@ -67,19 +67,26 @@ fn target_dir() -> PathBuf {
     }
 }
 
-/// Builds the libcni driver (tests/driver/main.go) once per test binary and returns
+/// Builds the libcni driver (tests/driver/) once per test binary and returns
 /// its path: Debian's golang-go and golang-github-appc-cni-dev (libcni 1.1).
 pub fn driver() -> PathBuf {
     static DRIVER: OnceLock<PathBuf> = OnceLock::new();
     DRIVER
         .get_or_init(|| {
             let go = std::env::var_os("GO").unwrap_or_else(|| "go".into());
-            build_driver("cni-driver", Path::new("/usr/share/gocode"), &go, None)
+            build_driver(
+                "cni-driver",
+                Path::new("/usr/share/gocode"),
+                &go,
+                None,
+                None,
+            )
         })
         .clone()
 }
 
-/// The same driver built on libcni v1.3 (drop-ins, `loadOnlyInlinedPlugins`): Debian
+/// The same driver built on libcni v1.3 (drop-ins, `loadOnlyInlinedPlugins`, and with
+/// the tag `cni13`, its `gc` command on `GCNetworkList`): Debian
 /// unstable's golang-github-appc-cni-dev and, since bookworm's Go cannot build it,
 /// unstable's Go 1.27, both unpacked under target/ by scripts/fetch-unstable.sh (as
 /// scripts/test.sh does; a no-op once fetched) and never installed.
@@ -108,25 +115,37 @@ pub fn driver13() -> PathBuf {
                 &cni.join("usr/share/gocode"),
                 goroot.join("bin/go").as_os_str(),
                 Some(&goroot),
+                Some("cni13"),
             )
         })
         .clone()
 }
 
-/// Builds tests/driver/main.go in GOPATH mode against the libcni under `gopath`, to a
+/// Builds the package in tests/driver/ in GOPATH mode against the libcni under `gopath`
+/// (with the build tags `tags`, which select code needing a newer libcni), to a
 /// private temp name then renamed, so test binaries running in parallel never see a
 /// half-written executable.
-fn build_driver(name: &str, gopath: &Path, go: &OsStr, goroot: Option<&Path>) -> PathBuf {
+fn build_driver(
+    name: &str,
+    gopath: &Path,
+    go: &OsStr,
+    goroot: Option<&Path>,
+    tags: Option<&str>,
+) -> PathBuf {
     let dir = target_dir();
     fs::create_dir_all(&dir).expect("create target dir");
     let out = dir.join(name);
     let tmp = dir.join(format!("{name}.{}.tmp", std::process::id()));
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/driver/main.go");
     let mut cmd = Command::new(go);
-    cmd.arg("build")
-        .arg("-o")
+    cmd.arg("build");
+    if let Some(tags) = tags {
+        cmd.arg("-tags").arg(tags);
+    }
+    // The package, not main.go alone: the other files of the directory hold the
+    // per-libcni parts, chosen by the build tags.
+    cmd.arg("-o")
         .arg(&tmp)
-        .arg(&src)
+        .arg("./tests/driver")
         .env("GO111MODULE", "off")
         .env("GOPATH", gopath)
         .env("GOFLAGS", "")

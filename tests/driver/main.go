@@ -2,9 +2,11 @@
 // containerd, CRI-O and cnitool use. Integration tests of cni-ledger drive
 // conflists through it so the ledger is exercised exactly as a runtime would.
 //
-// Build (GOPATH mode, Debian's golang-github-appc-cni-dev):
+// Build (GOPATH mode, Debian's golang-github-appc-cni-dev; the package is this
+// directory, and the tag cni13 adds what needs libcni >= v1.2, i.e. gc):
 //
-//	GO111MODULE=off GOPATH=/usr/share/gocode go build -o cni-driver tests/driver/main.go
+//	GO111MODULE=off GOPATH=/usr/share/gocode go build -o cni-driver ./tests/driver
+//	GO111MODULE=off GOPATH=<libcni 1.3 gocode> go build -tags cni13 -o cni-driver-1.3 ./tests/driver
 //
 // Usage:
 //
@@ -12,9 +14,14 @@
 //	           [--netns PATH] [--cni-path DIR[:DIR]] [--cache-dir DIR]
 //	           [--cap-args JSON] [--args "K=V;K2=V2"]
 //	cni-driver load --conf-dir DIR --net NAME
+//	cni-driver gc --conf-dir DIR --net NAME [--valid CID/IF]... [--timeout SECS]
+//	           [--cni-path DIR[:DIR]] [--cache-dir DIR]
 //
 // add prints the result JSON on stdout; load prints the plugin types of the
-// parsed conflist as a JSON array. Any error: message on stderr, exit 1.
+// parsed conflist as a JSON array; gc runs GCNetworkList with the --valid
+// attachments (none given: an empty, nil list) under a context deadline of
+// --timeout seconds (0: none), as a runtime's GC call would. Any error: message
+// on stderr, exit 1.
 package main
 
 import (
@@ -24,6 +31,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/containernetworking/cni/libcni"
 )
@@ -37,7 +45,9 @@ func usage() {
 	fmt.Fprintln(os.Stderr, `usage:
   cni-driver add|del|check --conf-dir DIR --net NAME --cid ID --ifname IF [--netns PATH]
              [--cni-path DIR[:DIR]] [--cache-dir DIR] [--cap-args JSON] [--args "K=V;K2=V2"]
-  cni-driver load --conf-dir DIR --net NAME`)
+  cni-driver load --conf-dir DIR --net NAME
+  cni-driver gc --conf-dir DIR --net NAME [--valid CID/IF]... [--timeout SECS]
+             [--cni-path DIR[:DIR]] [--cache-dir DIR]`)
 	os.Exit(2)
 }
 
@@ -59,6 +69,31 @@ func parseArgs(s string) ([][2]string, error) {
 	return out, nil
 }
 
+// attachmentList is a repeatable --valid CID/IFNAME flag. An interface name
+// cannot hold '/', so the last one splits.
+type attachmentList [][2]string
+
+func (a *attachmentList) String() string { return fmt.Sprint(*a) }
+
+func (a *attachmentList) Set(v string) error {
+	i := strings.LastIndex(v, "/")
+	if i <= 0 || i == len(v)-1 {
+		return fmt.Errorf("invalid --valid %q (want CONTAINERID/IFNAME)", v)
+	}
+	*a = append(*a, [2]string{v[:i], v[i+1:]})
+	return nil
+}
+
+func splitPath(s string) []string {
+	var paths []string
+	for _, p := range strings.Split(s, ":") {
+		if p != "" {
+			paths = append(paths, p)
+		}
+	}
+	return paths
+}
+
 func main() {
 	if len(os.Args) < 2 {
 		usage()
@@ -74,6 +109,9 @@ func main() {
 	cacheDir := fs.String("cache-dir", "/var/lib/cni", "libcni cache directory")
 	capArgs := fs.String("cap-args", "", "capability args as a JSON object")
 	cniArgs := fs.String("args", "", "CNI_ARGS as K=V;K2=V2")
+	var valid attachmentList
+	fs.Var(&valid, "valid", "gc: a valid attachment CONTAINERID/IFNAME (repeatable)")
+	timeout := fs.Int("timeout", 0, "gc: the call's deadline in seconds (0: none)")
 	if err := fs.Parse(os.Args[2:]); err != nil {
 		os.Exit(2)
 	}
@@ -96,6 +134,19 @@ func main() {
 		}
 		out, _ := json.Marshal(types)
 		fmt.Println(string(out))
+		return
+	}
+
+	if verb == "gc" {
+		ctx := context.Background()
+		if *timeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, time.Duration(*timeout)*time.Second)
+			defer cancel()
+		}
+		if err := gcNetworkList(ctx, splitPath(*cniPath), *cacheDir, list, valid); err != nil {
+			fail("gc: %v", err)
+		}
 		return
 	}
 
@@ -122,13 +173,7 @@ func main() {
 		rt.CapabilityArgs = m
 	}
 
-	var paths []string
-	for _, p := range strings.Split(*cniPath, ":") {
-		if p != "" {
-			paths = append(paths, p)
-		}
-	}
-	cninet := libcni.NewCNIConfigWithCacheDir(paths, *cacheDir, nil)
+	cninet := libcni.NewCNIConfigWithCacheDir(splitPath(*cniPath), *cacheDir, nil)
 	ctx := context.Background()
 
 	switch verb {
