@@ -165,9 +165,9 @@ gcc -O2 -Wall -o "$build/noop-plugin" "$here/noop-plugin.c"
 # The same floor statically linked (no dynamic loader): context for a static cni-ledger.
 gcc -O2 -Wall -static -o "$build/durable-write-static" "$here/durable-write.c" 2>/dev/null ||
 	rm -f "$build/durable-write-static"
-if [ ! -x "$build/cni-driver" ] || [ "$repo/tests/driver/main.go" -nt "$build/cni-driver" ]; then
+if [ ! -x "$build/cni-driver" ] || [ -n "$(find "$repo/tests/driver" -newer "$build/cni-driver" -print -quit)" ]; then
 	log "building the libcni driver"
-	(cd "$repo" && GO111MODULE=off GOPATH=/usr/share/gocode go build -o "$build/cni-driver" tests/driver/main.go)
+	(cd "$repo" && GO111MODULE=off GOPATH=/usr/share/gocode go build -o "$build/cni-driver" ./tests/driver)
 fi
 HARNESS=$build/harness
 DRIVER=$build/cni-driver

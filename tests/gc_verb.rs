@@ -14,7 +14,8 @@
 //! Debian's bridge and host-local speak CNI up to 1.0.0, so the attachments are made with
 //! a 1.0.0 conflist and the operator then raises it to 1.1.0 (the first version with GC);
 //! the replay uses the ADD-time snapshot, so bridge is called in the version it was added
-//! with. Needs root.
+//! with. The hanging-DEL budget is also checked through the real `GCNetworkList` of
+//! libcni v1.3 (the driver built by `common::driver13`). Needs root.
 //!
 //!     cargo test --features testing --test gc_verb
 // Tests may unwrap: a panic there is a failed test with its message.
@@ -550,7 +551,8 @@ fn hanging_del_through_libcni13_gc_is_answered_within_the_budget() {
         describe(&out),
         f.log()
     );
-    // libcni joins every plugin's GC error; the ledger's says what it left and why.
+    // libcni joins every plugin's GC error (Debian's bridge, which predates GC, adds
+    // its own); the ledger's says what it left and why.
     assert!(!out.status.success(), "{}", describe(&out));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

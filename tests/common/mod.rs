@@ -2,7 +2,7 @@
 //!
 //! Everything runs against real parts (docs/DESIGN.md §9): network namespaces made with
 //! `ip netns add`, the plugins of Debian's `containernetworking-plugins` in /usr/lib/cni,
-//! and libcni itself through the small Go driver in `tests/driver/main.go`.
+//! and libcni itself through the small Go driver in `tests/driver/`.
 //!
 //! Isolation: every test gets its own "host" network namespace (`TestHost`). Bridges,
 //! veths and portmap's iptables rules are created inside it, never in the real host's
