@@ -455,21 +455,34 @@ impl Containerd {
             .unwrap_or_else(|e| panic!("RemovePodSandbox: {e}"));
     }
 
+    /// One CRI call, as kubelet makes it: retried while containerd's CRI plugin, which
+    /// finishes starting (recovering its sandboxes) after the socket answers, says it is
+    /// not initialized yet, for up to 30 s.
     pub fn call<Req, Resp>(&self, method: &'static str, req: Req) -> Result<Resp, String>
     where
-        Req: prost::Message + Send + Sync + 'static,
+        Req: prost::Message + Clone + Send + Sync + 'static,
         Resp: prost::Message + Default + Send + Sync + 'static,
     {
-        let endpoint = self.endpoint();
-        cri::block_on(async move {
-            let ch = cri::connect(&endpoint, Duration::from_secs(60))
-                .await
-                .map_err(|e| format!("{e:#}"))?;
-            cri::unary(ch, method, req)
-                .await
-                .map_err(|s| format!("{}: {}", s.code(), s.message()))
-        })
-        .unwrap()
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let endpoint = self.endpoint();
+            let req = req.clone();
+            let answer = cri::block_on(async move {
+                let ch = cri::connect(&endpoint, Duration::from_secs(60))
+                    .await
+                    .map_err(|e| format!("{e:#}"))?;
+                cri::unary(ch, method, req)
+                    .await
+                    .map_err(|s| format!("{}: {}", s.code(), s.message()))
+            })
+            .unwrap();
+            match answer {
+                Err(e) if e.contains("not initialized yet") && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                answer => return answer,
+            }
+        }
     }
 
     pub fn log(&self) -> String {
