@@ -156,6 +156,28 @@ fn record_netns(f: &Fixture, id: &str) -> String {
     v["record"]["netns"].as_str().unwrap().to_string()
 }
 
+/// The pod's namespace as containerd's libcni cache holds it (an adopted record does not
+/// name it): the sandbox path of the result's interface in the pod.
+fn cached_netns(network: &str, id: &str) -> String {
+    let path = Path::new("/var/lib/cni/results").join(format!("{network}-{id}-eth0"));
+    let v: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    v["result"]["interfaces"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|i| i["sandbox"].as_str().filter(|s| !s.is_empty()))
+        .unwrap_or_else(|| panic!("no sandbox in {}: {v:#}", path.display()))
+        .to_string()
+}
+
+/// A sandbox containerd was made to forget leaves its named namespace behind: nobody's
+/// now, the test made it, the test removes it.
+fn remove_forgotten_netns(path: &str) {
+    if let Some(name) = path.strip_prefix("/var/run/netns/") {
+        let _ = Command::new("ip").args(["netns", "del", name]).status();
+    }
+}
+
 #[test]
 fn containerd_sandbox_list_judges_exactly_the_forgotten_sandbox() {
     let _serial = one_containerd_at_a_time();
@@ -257,10 +279,7 @@ fn containerd_sandbox_list_judges_exactly_the_forgotten_sandbox() {
     assert!(!f.record_path(&live, "eth0").exists(), "{}", f.log());
     assert!(f.ipam_addresses().is_empty());
     drop(ctrd);
-    // The forgotten sandbox's namespace is nobody's now; the test made it, it removes it.
-    if let Some(name) = wiped_ns.strip_prefix("/var/run/netns/") {
-        let _ = Command::new("ip").args(["netns", "del", name]).status();
-    }
+    remove_forgotten_netns(&wiped_ns);
     // gc removed the entry of our network; loopback's is left.
     forget_system_cache_entries(&wiped);
 }
@@ -356,6 +375,7 @@ fn agent_asks_containerd_at_its_default_socket() {
 
     // containerd forgets one sandbox behind its back (its namespace stays): the agent
     // releases it, and only it.
+    let wiped_ns = record_netns(&f, &wiped);
     ctrd.forget_and_stop(&wiped);
     let mut ctrd = Containerd::start_in(&f, &dir, Some(&private));
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -406,6 +426,7 @@ fn agent_asks_containerd_at_its_default_socket() {
     f.del(&foreign, "eth0", Some(&podman_like.path_str()), None)
         .unwrap();
     forget_system_cache_entries(&wiped);
+    remove_forgotten_netns(&wiped_ns);
 }
 
 /// Docker's containerd runs with its CRI plugin off: at the default socket it is found,
@@ -495,6 +516,7 @@ fn agent_releases_an_adopted_sandbox_containerd_forgot() {
     // Listed by containerd: live, though the namespace is not recorded.
     assert_eq!(f.ipam_addresses().len(), 1, "{}", agent.log_text());
 
+    let early_ns = cached_netns(&f.network, &early);
     let dir = ctrd.dir.clone();
     ctrd.forget_and_stop(&early);
     let _ctrd = Containerd::start_in(&f, &dir, Some(&private));
@@ -520,6 +542,7 @@ fn agent_releases_an_adopted_sandbox_containerd_forgot() {
     );
     assert!(agent.stop(20).success(), "{}", agent.log_text());
     forget_system_cache_entries(&early);
+    remove_forgotten_netns(&early_ns);
 }
 
 /// containerd runs its own `cni-loopback` network beside the pod network, through the
