@@ -83,6 +83,10 @@ bash scripts/fetch-unstable.sh golang-github-appc-cni-dev target/libcni-1.3
 bash scripts/fetch-unstable.sh golang-1.27-go target/go-1.27
 bash scripts/fetch-unstable.sh golang-1.27-src target/go-1.27
 
+# containerd 2.x (CRI config version 3) for tests/cri.rs: unstable's .deb unpacked into
+# target/containerd-2 (its Go binaries need only libc and bookworm's runc).
+bash scripts/fetch-unstable.sh containerd target/containerd-2
+
 say "cargo fmt --check"
 cargo fmt --check
 

@@ -1,5 +1,6 @@
 //! The CRI runtime's own list as the valid set (issue 9), against a real runtime:
-//! Debian's containerd 1.6, started by the test inside the test's host namespace with
+//! Debian's containerd 1.6 (and, for the clean-teardown adoption test, Debian unstable's
+//! containerd 2.x, unpacked under target/ by scripts/fetch-unstable.sh), started by the test inside the test's host namespace with
 //! its own root, state dir, socket and config (CNI conf and bin dirs are the fixture's,
 //! the ledger first in the chain), and a sandbox image built here (a static `pause`
 //! compiled with gcc, imported with `ctr images import` under the configured
@@ -72,7 +73,7 @@ fn row<'a>(rows: &'a [Value], id: &str) -> &'a Value {
 }
 
 /// The containerds of these tests share the system's libcni cache (/var/lib/cni, which
-/// containerd 1.6 does not let a config move): one test at a time, so an agent that
+/// neither containerd 1.6 nor 2.x lets a config move): one test at a time, so an agent that
 /// adopts from it never takes another test's live sandboxes for its own.
 fn one_containerd_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -153,6 +154,28 @@ fn assert_only_wiped_released(f: &Fixture, wiped: &str, live: &str) {
 fn record_netns(f: &Fixture, id: &str) -> String {
     let v: Value = serde_json::from_slice(&fs::read(f.record_path(id, "eth0")).unwrap()).unwrap();
     v["record"]["netns"].as_str().unwrap().to_string()
+}
+
+/// The pod's namespace as containerd's libcni cache holds it (an adopted record does not
+/// name it): the sandbox path of the result's interface in the pod.
+fn cached_netns(network: &str, id: &str) -> String {
+    let path = Path::new("/var/lib/cni/results").join(format!("{network}-{id}-eth0"));
+    let v: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    v["result"]["interfaces"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|i| i["sandbox"].as_str().filter(|s| !s.is_empty()))
+        .unwrap_or_else(|| panic!("no sandbox in {}: {v:#}", path.display()))
+        .to_string()
+}
+
+/// A sandbox containerd was made to forget leaves its named namespace behind: nobody's
+/// now, the test made it, the test removes it.
+fn remove_forgotten_netns(path: &str) {
+    if let Some(name) = path.strip_prefix("/var/run/netns/") {
+        let _ = Command::new("ip").args(["netns", "del", name]).status();
+    }
 }
 
 #[test]
@@ -256,10 +279,7 @@ fn containerd_sandbox_list_judges_exactly_the_forgotten_sandbox() {
     assert!(!f.record_path(&live, "eth0").exists(), "{}", f.log());
     assert!(f.ipam_addresses().is_empty());
     drop(ctrd);
-    // The forgotten sandbox's namespace is nobody's now; the test made it, it removes it.
-    if let Some(name) = wiped_ns.strip_prefix("/var/run/netns/") {
-        let _ = Command::new("ip").args(["netns", "del", name]).status();
-    }
+    remove_forgotten_netns(&wiped_ns);
     // gc removed the entry of our network; loopback's is left.
     forget_system_cache_entries(&wiped);
 }
@@ -355,6 +375,7 @@ fn agent_asks_containerd_at_its_default_socket() {
 
     // containerd forgets one sandbox behind its back (its namespace stays): the agent
     // releases it, and only it.
+    let wiped_ns = record_netns(&f, &wiped);
     ctrd.forget_and_stop(&wiped);
     let mut ctrd = Containerd::start_in(&f, &dir, Some(&private));
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -405,6 +426,7 @@ fn agent_asks_containerd_at_its_default_socket() {
     f.del(&foreign, "eth0", Some(&podman_like.path_str()), None)
         .unwrap();
     forget_system_cache_entries(&wiped);
+    remove_forgotten_netns(&wiped_ns);
 }
 
 /// Docker's containerd runs with its CRI plugin off: at the default socket it is found,
@@ -442,9 +464,12 @@ fn agent_leaves_out_a_containerd_without_cri() {
 }
 
 /// A fixture whose conflist ([bridge+host-local, portmap]) does not hold the ledger yet,
-/// and containerd serving it at its default socket in a private `/run/containerd`, with
-/// the pause image imported: pods made now are recorded by nobody.
-fn containerd_before_injection(prefix: &str) -> (Fixture, PrivateRun, Containerd) {
+/// and `version`'s containerd serving it at its default socket in a private
+/// `/run/containerd`, with the pause image imported: pods made now are recorded by nobody.
+fn containerd_before_injection(
+    version: ContainerdVersion,
+    prefix: &str,
+) -> (Fixture, PrivateRun, Containerd) {
     let mut f = Fixture::new();
     f.network = format!("{prefix}{}", next_id());
     let spec = f.spec.clone();
@@ -456,8 +481,8 @@ fn containerd_before_injection(prefix: &str) -> (Fixture, PrivateRun, Containerd
     }
     let private = PrivateRun::new();
     let tarball = build_pause_image(f.tmp.path());
-    let dir = Containerd::configure_at(&f, Some(Containerd::DEFAULT_SOCKET));
-    let ctrd = Containerd::start_in(&f, &dir, Some(&private));
+    let dir = Containerd::configure_version(version, &f, Some(Containerd::DEFAULT_SOCKET));
+    let ctrd = Containerd::start_version(version, &f, &dir, Some(&private));
     let out = ctrd.ctr(&["images", "import", tarball.to_str().unwrap()]);
     assert!(out.status.success(), "{}", describe(&out));
     (f, private, ctrd)
@@ -470,7 +495,7 @@ fn containerd_before_injection(prefix: &str) -> (Fixture, PrivateRun, Containerd
 #[test]
 fn agent_releases_an_adopted_sandbox_containerd_forgot() {
     let _serial = one_containerd_at_a_time();
-    let (f, private, mut ctrd) = containerd_before_injection("cladopt");
+    let (f, private, mut ctrd) = containerd_before_injection(ContainerdVersion::V1_6, "cladopt");
     let early = ctrd.run_sandbox("early", 18101);
     assert!(
         !f.record_path(&early, "eth0").exists(),
@@ -491,6 +516,7 @@ fn agent_releases_an_adopted_sandbox_containerd_forgot() {
     // Listed by containerd: live, though the namespace is not recorded.
     assert_eq!(f.ipam_addresses().len(), 1, "{}", agent.log_text());
 
+    let early_ns = cached_netns(&f.network, &early);
     let dir = ctrd.dir.clone();
     ctrd.forget_and_stop(&early);
     let _ctrd = Containerd::start_in(&f, &dir, Some(&private));
@@ -516,6 +542,7 @@ fn agent_releases_an_adopted_sandbox_containerd_forgot() {
     );
     assert!(agent.stop(20).success(), "{}", agent.log_text());
     forget_system_cache_entries(&early);
+    remove_forgotten_netns(&early_ns);
 }
 
 /// containerd runs its own `cni-loopback` network beside the pod network, through the
@@ -525,8 +552,19 @@ fn agent_releases_an_adopted_sandbox_containerd_forgot() {
 /// holds nothing of it in any network, and gc has nothing to report.
 #[test]
 fn agent_adopts_nothing_a_clean_teardown_would_leave_behind() {
+    adopts_nothing_a_clean_teardown_would_leave_behind(ContainerdVersion::V1_6, "clscope");
+}
+
+/// The same through containerd 2.x, whose CRI (split in runtime and images plugins, config
+/// version 3) runs cni-loopback through libcni as 1.6 does.
+#[test]
+fn agent_adopts_nothing_a_clean_teardown_of_containerd_2_would_leave_behind() {
+    adopts_nothing_a_clean_teardown_would_leave_behind(ContainerdVersion::V2, "clscope2-");
+}
+
+fn adopts_nothing_a_clean_teardown_would_leave_behind(version: ContainerdVersion, prefix: &str) {
     let _serial = one_containerd_at_a_time();
-    let (f, private, ctrd) = containerd_before_injection("clscope");
+    let (f, private, ctrd) = containerd_before_injection(version, prefix);
     let early = ctrd.run_sandbox("early", 18102);
     let loopback_cache = Path::new("/var/lib/cni/results").join(format!("cni-loopback-{early}-lo"));
     assert!(
@@ -582,4 +620,44 @@ fn agent_adopts_nothing_a_clean_teardown_would_leave_behind() {
     assert_eq!(rep["records"], json!([]), "{rep:#}");
     assert!(agent.stop(20).success(), "{}", agent.log_text());
     forget_system_cache_entries(&early);
+}
+
+/// containerd 2.x's verbose Status still says which networks it loads from which conf
+/// dir, in the shape 1.6 gave (`cniconfig`: PluginConfDir, Networks[].Config.Name and
+/// .Source): a discovered containerd 2.x judges the fixture's network, and the chain it
+/// reports loading is the conflist's, as the ledger digests it.
+#[test]
+fn containerd_2_status_names_the_networks_it_loads() {
+    let _serial = one_containerd_at_a_time();
+    let (f, _private, ctrd) = containerd_before_injection(ContainerdVersion::V2, "clstatus");
+    let consulted = cni_ledger::cri::consult(
+        &[ctrd.endpoint()],
+        std::slice::from_ref(&f.network),
+        cni_ledger::cri::Served::Reported {
+            conf_dir: &f.conf_dir,
+            default_network: None,
+            discovered: true,
+        },
+        true,
+        Duration::from_secs(30),
+    );
+    let judgement = consulted
+        .judgement
+        .unwrap_or_else(|| panic!("nothing judged: {:?}\n{}", consulted.answers, ctrd.log()));
+    assert_eq!(
+        judgement.networks,
+        [f.network.clone()].into_iter().collect(),
+        "{}",
+        ctrd.log()
+    );
+    let list = cni_ledger::conflist::parse(&fs::read(&f.conf_file).unwrap()).unwrap();
+    let digest = cni_ledger::conflist::chain_digest(&list, "cni-ledger");
+    assert_eq!(
+        judgement.adopted,
+        cni_ledger::cri::AdoptedChains::Loaded(
+            [(f.network.clone(), [digest].into_iter().collect())]
+                .into_iter()
+                .collect()
+        )
+    );
 }

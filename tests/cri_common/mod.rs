@@ -1,5 +1,6 @@
 //! A real containerd driven over CRI as kubelet drives it, for the tests that need pods
-//! made by a runtime: Debian's containerd 1.6 with its own root, state dir, socket and
+//! made by a runtime: Debian bookworm's containerd 1.6 or, unpacked under target/ (never
+//! installed), Debian unstable's containerd 2.x, with its own root, state dir, socket and
 //! config, a sandbox image built here (a static `pause` compiled with gcc, imported with
 //! `ctr images import` under the configured `sandbox_image`: no registry is reachable),
 //! and mount namespaces of the test's (`PrivateRun`) where node paths such as
@@ -9,11 +10,14 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
 use cni_ledger::cri::{self, api::PodSandboxMetadata};
 use serde_json::json;
+
+pub use crate::common::ContainerdVersion;
 
 pub const SANDBOX_IMAGE: &str = "registry.invalid/cni-ledger-test/pause:1";
 const RUN: &str = "/runtime.v1.RuntimeService/RunPodSandbox";
@@ -72,6 +76,31 @@ pub struct Empty {}
 pub fn run_ok(cmd: &mut Command) {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     assert!(out.status.success(), "{cmd:?}: {}", describe(&out));
+}
+
+/// The dir holding `version`'s containerd, its runc shim and ctr; None: the system's,
+/// on PATH. containerd 2.x is Debian unstable's .deb unpacked into target/containerd-2 by
+/// scripts/fetch-unstable.sh (as scripts/test.sh does; a no-op once fetched): its Go
+/// binaries need only libc and a runc, bookworm's.
+pub fn containerd_bin_dir(version: ContainerdVersion) -> Option<PathBuf> {
+    static V2: OnceLock<PathBuf> = OnceLock::new();
+    match version {
+        ContainerdVersion::V1_6 => None,
+        ContainerdVersion::V2 => Some(
+            V2.get_or_init(|| {
+                let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+                let dest = root.join("target/containerd-2");
+                run_ok(
+                    Command::new("bash")
+                        .arg(root.join("scripts/fetch-unstable.sh"))
+                        .arg("containerd")
+                        .arg(&dest),
+                );
+                dest.join("usr/bin")
+            })
+            .clone(),
+        ),
+    }
 }
 
 /// A static pause binary in a one-layer image, as a `docker save` archive.
@@ -197,6 +226,7 @@ impl Drop for PrivateRun {
 /// containerd running in the test host namespace; stopped by PID on drop.
 pub struct Containerd {
     pub dir: PathBuf,
+    pub version: ContainerdVersion,
     child: Option<Child>,
     /// Its gRPC socket, as the test reaches it.
     socket: PathBuf,
@@ -211,18 +241,37 @@ impl Containerd {
         Self::configure_at(f, None)
     }
 
-    /// `address`: its gRPC socket (default: in its own dir).
+    /// containerd 1.6's config; `address`: its gRPC socket (default: in its own dir).
     pub fn configure_at(f: &Fixture, address: Option<&str>) -> PathBuf {
+        Self::configure_version(ContainerdVersion::V1_6, f, address)
+    }
+
+    /// `version`'s config on the fixture's CNI dirs; `address` as for `configure_at`.
+    pub fn configure_version(
+        version: ContainerdVersion,
+        f: &Fixture,
+        address: Option<&str>,
+    ) -> PathBuf {
         let dir = f.tmp.path().join("containerd");
         let d = dir.display();
         let address = address.map_or_else(|| format!("{d}/containerd.sock"), String::from);
-        Self::configure_dirs(&dir, &address, &f.bin_dir, &f.conf_dir)
+        Self::configure_dirs_version(version, &dir, &address, &f.bin_dir, &f.conf_dir)
     }
 
-    /// Its config in `dir`, with these CNI bin and conf dirs (as it sees them).
+    /// containerd 1.6's config in `dir`, with these CNI bin and conf dirs (as it sees them).
     pub fn configure_dirs(dir: &Path, address: &str, bin_dir: &Path, conf_dir: &Path) -> PathBuf {
+        Self::configure_dirs_version(ContainerdVersion::V1_6, dir, address, bin_dir, conf_dir)
+    }
+
+    pub fn configure_dirs_version(
+        version: ContainerdVersion,
+        dir: &Path,
+        address: &str,
+        bin_dir: &Path,
+        conf_dir: &Path,
+    ) -> PathBuf {
         fs::create_dir_all(dir).unwrap();
-        let config = containerd_config(dir, address, bin_dir, conf_dir, SANDBOX_IMAGE);
+        let config = containerd_config(version, dir, address, bin_dir, conf_dir, SANDBOX_IMAGE);
         fs::write(dir.join("config.toml"), config).unwrap();
         dir.to_path_buf()
     }
@@ -231,17 +280,39 @@ impl Containerd {
         Self::start_in(f, dir, None)
     }
 
-    /// Started in `private`'s mount namespace, listening at the default socket there.
+    /// containerd 1.6 started in `private`'s mount namespace, listening at the default
+    /// socket there.
     pub fn start_in(f: &Fixture, dir: &Path, private: Option<&PrivateRun>) -> Containerd {
-        Self::launch(dir, f.host.name(), private, Self::DEFAULT_SOCKET)
+        Self::start_version(ContainerdVersion::V1_6, f, dir, private)
+    }
+
+    /// `version`'s containerd on its config in `dir`, as `start_in` starts it.
+    pub fn start_version(
+        version: ContainerdVersion,
+        f: &Fixture,
+        dir: &Path,
+        private: Option<&PrivateRun>,
+    ) -> Containerd {
+        Self::launch_version(version, dir, f.host.name(), private, Self::DEFAULT_SOCKET)
     }
 
     /// Where containerd listens unless configured otherwise.
     pub const DEFAULT_SOCKET: &'static str = "/run/containerd/containerd.sock";
 
-    /// Started in the network namespace `/run/netns/<netns>` and, when given, in
-    /// `private`'s mount namespace, listening at `socket` there (as configured).
+    /// containerd 1.6 started in the network namespace `/run/netns/<netns>` and, when
+    /// given, in `private`'s mount namespace, listening at `socket` there (as configured).
     pub fn launch(
+        dir: &Path,
+        netns: &str,
+        private: Option<&PrivateRun>,
+        socket: &str,
+    ) -> Containerd {
+        Self::launch_version(ContainerdVersion::V1_6, dir, netns, private, socket)
+    }
+
+    /// `version`'s containerd, as `launch` starts it.
+    pub fn launch_version(
+        version: ContainerdVersion,
         dir: &Path,
         netns: &str,
         private: Option<&PrivateRun>,
@@ -263,9 +334,17 @@ impl Containerd {
             Some(p) => p.reach(socket),
             None => dir.join("containerd.sock"),
         };
+        let bin_dir = containerd_bin_dir(version);
+        if let Some(bin) = &bin_dir {
+            // Its own runc shim, which containerd looks up on PATH, not the system's.
+            let path = std::env::var("PATH").unwrap_or_default();
+            cmd.env("PATH", format!("{}:{path}", bin.display()));
+        }
+        let containerd =
+            bin_dir.map_or_else(|| PathBuf::from("containerd"), |b| b.join("containerd"));
         let child = cmd
             .arg(format!("--net=/run/netns/{netns}"))
-            .arg("containerd")
+            .arg(containerd)
             .arg("--config")
             .arg(dir.join("config.toml"))
             .stdin(Stdio::null())
@@ -275,6 +354,7 @@ impl Containerd {
             .expect("start containerd");
         let c = Containerd {
             dir: dir.to_path_buf(),
+            version,
             child: Some(child),
             socket,
         };
@@ -308,7 +388,9 @@ impl Containerd {
     }
 
     pub fn ctr(&self, args: &[&str]) -> std::process::Output {
-        Command::new("ctr")
+        let ctr = containerd_bin_dir(self.version)
+            .map_or_else(|| PathBuf::from("ctr"), |b| b.join("ctr"));
+        Command::new(ctr)
             .arg("--address")
             .arg(&self.socket)
             .args(["-n", "k8s.io"])
@@ -373,21 +455,34 @@ impl Containerd {
             .unwrap_or_else(|e| panic!("RemovePodSandbox: {e}"));
     }
 
+    /// One CRI call, as kubelet makes it: retried while containerd's CRI plugin, which
+    /// finishes starting (recovering its sandboxes) after the socket answers, says it is
+    /// not initialized yet, for up to 30 s.
     pub fn call<Req, Resp>(&self, method: &'static str, req: Req) -> Result<Resp, String>
     where
-        Req: prost::Message + Send + Sync + 'static,
+        Req: prost::Message + Clone + Send + Sync + 'static,
         Resp: prost::Message + Default + Send + Sync + 'static,
     {
-        let endpoint = self.endpoint();
-        cri::block_on(async move {
-            let ch = cri::connect(&endpoint, Duration::from_secs(60))
-                .await
-                .map_err(|e| format!("{e:#}"))?;
-            cri::unary(ch, method, req)
-                .await
-                .map_err(|s| format!("{}: {}", s.code(), s.message()))
-        })
-        .unwrap()
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let endpoint = self.endpoint();
+            let req = req.clone();
+            let answer = cri::block_on(async move {
+                let ch = cri::connect(&endpoint, Duration::from_secs(60))
+                    .await
+                    .map_err(|e| format!("{e:#}"))?;
+                cri::unary(ch, method, req)
+                    .await
+                    .map_err(|s| format!("{}: {}", s.code(), s.message()))
+            })
+            .unwrap();
+            match answer {
+                Err(e) if e.contains("not initialized yet") && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                answer => return answer,
+            }
+        }
     }
 
     pub fn log(&self) -> String {
