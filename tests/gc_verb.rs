@@ -405,20 +405,7 @@ fn hanging_del_is_cut_at_the_budget_and_records_are_kept_for_gc() {
     assert_eq!(details.matches("not attempted").count(), 1, "{err}");
     no_debug_text(&String::from_utf8_lossy(&out.stdout));
     // The hanging DELs were killed, with what they started.
-    let started_pids = fs::read_to_string(&pids).unwrap();
-    let started_pids: Vec<&str> = started_pids.split_whitespace().collect();
-    assert_eq!(started_pids.len(), 8, "{started_pids:?}");
-    for pid in &started_pids {
-        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
-        let gone = (0..20).any(|_| {
-            let gone = !proc_dir.exists();
-            if !gone {
-                std::thread::sleep(std::time::Duration::from_millis(100));
-            }
-            gone
-        });
-        assert!(gone, "probe process {pid} outlived the budget");
-    }
+    assert_all_gone(&pids, 8, "outlived the budget");
 
     // The sandboxes vanish; a gc that may wait out the hang (and the backoff, --now)
     // replays every one.
@@ -575,20 +562,7 @@ fn hanging_del_through_libcni13_gc_is_answered_within_the_budget() {
     }
     assert!(!err.contains("c-live"), "{err}");
     // The hanging DELs did not outlive the verb.
-    let hung = fs::read_to_string(&pids).unwrap();
-    let hung: Vec<&str> = hung.split_whitespace().collect();
-    assert_eq!(hung.len(), 3, "{hung:?}");
-    for pid in &hung {
-        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
-        let gone = (0..20).any(|_| {
-            let gone = !proc_dir.exists();
-            if !gone {
-                std::thread::sleep(std::time::Duration::from_millis(100));
-            }
-            gone
-        });
-        assert!(gone, "hanging DEL {pid} outlived the GC verb");
-    }
+    assert_all_gone(&pids, 3, "outlived the GC verb");
 
     // The plugin's daemon is up: gc replays each kept record once, and leaves nothing
     // of them in libcni's cache; the live attachment is untouched.
@@ -610,4 +584,23 @@ fn hanging_del_through_libcni13_gc_is_answered_within_the_budget() {
     assert!(f.record_path("c-live", "eth0").exists());
     assert!(addrs.contains(&ip_live), "{addrs:?}");
     assert!(ns_live.path().exists());
+}
+
+/// The `count` processes whose PIDs the hanging plugin wrote to `pids` have all exited
+/// (within 2 s each: killed with their process group).
+fn assert_all_gone(pids: &Path, count: usize, what: &str) {
+    let text = fs::read_to_string(pids).unwrap();
+    let started: Vec<&str> = text.split_whitespace().collect();
+    assert_eq!(started.len(), count, "{started:?}");
+    for pid in started {
+        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+        let gone = (0..20).any(|_| {
+            let gone = !proc_dir.exists();
+            if !gone {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            gone
+        });
+        assert!(gone, "hanging DEL {pid} {what}");
+    }
 }
