@@ -267,7 +267,7 @@ fn the_daemonsets_agent_leaves_live_pods_alone_and_releases_only_a_forgotten_one
             format!("--listen=127.0.0.1:{port}")
         } else if a.starts_with("--probe-listen=") {
             format!("--probe-listen=127.0.0.1:{}", free_port())
-        } else if a == "--node-root=/proc/1/root" || a == "--plugin-root=/proc/1/root" {
+        } else if a == "--node-root=/proc/1/root" {
             format!("--node-root={}", node.root())
         } else if a.starts_with("--gc-interval=") {
             "--gc-interval=1".to_string()

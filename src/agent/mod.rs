@@ -58,7 +58,7 @@ pub struct Options {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CriEndpoints {
     /// containerd's and CRI-O's default sockets, those that exist at each gc run
-    /// (under `--plugin-root` when it is set: the node's own files).
+    /// (the node's own: the agent runs in the node's root, `--node-root`).
     Auto,
     /// None: no record is judged by a sandbox list.
     Off,
