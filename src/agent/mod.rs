@@ -57,7 +57,7 @@ pub struct Options {
 /// Which CRI runtimes the agent asks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CriEndpoints {
-    /// containerd's and CRI-O's default sockets, those that exist at each gc run
+    /// The default sockets of the runtimes in `cri::DEFAULT_SOCKETS`, those that exist at each gc run
     /// (the node's own: the agent runs in the node's root, `--node-root`).
     Auto,
     /// None: no record is judged by a sandbox list.
