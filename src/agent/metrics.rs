@@ -29,6 +29,7 @@ pub struct Metrics {
     pub cri_sandboxes: IntGaugeVec,
     pub cri_unanswered: IntCounterVec,
     pub cri_refused: Gauge,
+    pub unreadable: Gauge,
 }
 
 /// Outcomes of a replay, as `cni_ledger_replays_total{outcome}` counts them.
@@ -91,6 +92,10 @@ impl Metrics {
                 "reason",
             ),
             quarantined,
+            unreadable: gauge(
+                "cni_ledger_unreadable_records",
+                "Records the last gc run could not read (EIO, EMFILE, ...): left in place, not judged, read again next run.",
+            ),
             cri_refused: gauge(
                 "cni_ledger_cri_refused",
                 "1 when the last gc run judged nothing by the CRI runtimes' sandbox list because it could not be right (it misses most of a network's sandboxes whose namespaces are verifiably there), else 0.",
@@ -190,6 +195,7 @@ impl Metrics {
         }
         self.cri_refused
             .set(f64::from(u8::from(report.cri_refused.is_some())));
+        self.unreadable.set(report.summary.unreadable as f64);
         self.gc_runs.with_label_values(&["ok"]).inc();
         self.gc_runs.with_label_values(&["error"]).inc_by(0);
         self.gc_duration.set(secs);
@@ -346,6 +352,22 @@ mod tests {
         assert!(m2
             .encode()
             .contains("# TYPE cni_ledger_replays_total counter"));
+    }
+
+    #[test]
+    fn a_refused_runtime_and_unreadable_records_show() {
+        let m = Metrics::new();
+        let mut r = Report::default();
+        m.observe_gc(&r, 0.1);
+        let text = m.encode();
+        assert!(text.contains("cni_ledger_cri_refused 0"), "{text}");
+        assert!(text.contains("cni_ledger_unreadable_records 0"), "{text}");
+        r.cri_refused = Some("why".into());
+        r.summary.unreadable = 2;
+        m.observe_gc(&r, 0.1);
+        let text = m.encode();
+        assert!(text.contains("cni_ledger_cri_refused 1"), "{text}");
+        assert!(text.contains("cni_ledger_unreadable_records 2"), "{text}");
     }
 
     #[test]
