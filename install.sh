@@ -174,7 +174,7 @@ else
 		die "cargo not found (searched PATH, \$HOME/.cargo/bin and /root/.cargo/bin); install Rust >= 1.89, e.g. from https://rustup.rs, then re-run $prog"
 
 	# One static binary (docs/DESIGN.md §2): nothing for the dynamic loader to do on every pod's
-	# ADD, which measurably shortens the plugin's exec (README, Performance). An explicit
+	# ADD, which measurably shortens the plugin's exec (docs/EVIDENCE.md, Performance). An explicit
 	# --target keeps the static flag off build scripts and proc macros.
 	host=$(rustc -vV 2>/dev/null | sed -n 's/^host: //p')
 	[ -n "$host" ] || die "cannot tell rustc's host target (rustc -vV)"

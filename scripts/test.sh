@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/test.sh: the project's single test command (see README).
+# scripts/test.sh: the project's single test command (README.md; docs/README.md has the details).
 #
 # Runs as root on Debian bookworm: installs the packages the integration tests
 # use (real CNI plugins, libcni's Go source, iptables, iproute2, hyperfine,

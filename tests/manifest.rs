@@ -3,7 +3,7 @@
 //! against the Kubernetes API schema (PyPI `kubernetes-validate`, strict); each overlay
 //! names its platform's bin dir, conf dir and CRI endpoint and keeps everything else of
 //! the base; the memory limit holds `--jobs` concurrent replays; and
-//! `deploy/kubernetes/cni-ledger.yaml`, the file the README applies, is the base.
+//! `deploy/kubernetes/cni-ledger.yaml`, the file README.md applies, is the base.
 //! Needs what scripts/test.sh prepares: Debian unstable's kustomize in target/kustomize
 //! (scripts/fetch-unstable.sh) and target/test-venv (kubernetes-validate, PyYAML).
 //!
@@ -20,7 +20,7 @@ use std::process::{Command, Output};
 use common::*;
 use serde_json::Value;
 
-/// The agent's own resident memory, idle or in a gc run (README, Performance: 3 MiB
+/// The agent's own resident memory, idle or in a gc run (docs/EVIDENCE.md: 3 MiB
 /// idle, gc peaks at 2.2 MiB over 100,000 records), rounded up.
 const AGENT_MIB: u64 = 4;
 /// The cgroup peak of one replay with Debian's plugins, rounded up: bridge+host-local's

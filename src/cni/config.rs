@@ -20,6 +20,44 @@ pub const DEFAULT_GC_BUDGET_SECS: u64 = 20;
 /// Largest stdin accepted; a conflist is a few KiB, anything near this is an attack or a bug.
 pub const MAX_STDIN: usize = 1 << 20;
 
+/// One key of the ledger's own conflist entry: its name, its JSON type and its default
+/// as docs/REFERENCE.md states them. tests/reference.rs holds that file to this list, and
+/// the unit test `keys_are_the_parsers` holds this list to `Raw` and to `parse`.
+#[derive(Debug, Clone, Copy)]
+pub struct Key {
+    pub name: &'static str,
+    pub json_type: &'static str,
+    pub default: &'static str,
+}
+
+const fn key(name: &'static str, json_type: &'static str, default: &'static str) -> Key {
+    Key {
+        name,
+        json_type,
+        default,
+    }
+}
+
+/// Every key `parse` reads, the runtime's (`cniVersion` … `prevResult`) first. Any other
+/// key is ignored, as CNI asks of plugins.
+pub const KEYS: &[Key] = &[
+    key("cniVersion", "string", "0.1.0"),
+    key("name", "string", "required"),
+    key("type", "string", DEFAULT_PLUGIN_TYPE),
+    key("runtimeConfig", "object", "{}"),
+    key("prevResult", "object", "none"),
+    key("ledgerDir", "path", DEFAULT_LEDGER_DIR),
+    key("confDir", "path", "$NETCONFPATH, else /etc/cni/net.d"),
+    key("logFile", "path", "none: stderr"),
+    key("logLevel", "string", "error"),
+    key("onLedgerError", "string", "fail"),
+    key("capabilities", "object", "{}"),
+    key("lockTimeoutMs", "integer", "5000"),
+    key("gcGraceSecs", "integer", "none: 0"),
+    key("gcBudgetSecs", "integer", "20"),
+    key("returnDevices", "boolean or object", "false"),
+];
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum OnLedgerError {
@@ -188,6 +226,81 @@ mod tests {
                 .code,
             error::INVALID_NETWORK_CONFIG
         );
+    }
+
+    /// The field names serde's derive hands to `deserialize_struct`: exactly the keys
+    /// `Raw` reads, renamed as in JSON.
+    fn raw_fields() -> &'static [&'static str] {
+        use serde::de::{self, Visitor};
+        use std::cell::Cell;
+        struct Names(Cell<&'static [&'static str]>);
+        impl<'de> serde::Deserializer<'de> for &Names {
+            type Error = de::value::Error;
+            fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+                Err(de::Error::custom("not a struct"))
+            }
+            fn deserialize_struct<V: Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, Self::Error> {
+                self.0.set(fields);
+                Err(de::Error::custom("names taken"))
+            }
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+                bytes byte_buf option unit unit_struct newtype_struct seq tuple
+                tuple_struct map enum identifier ignored_any
+            }
+        }
+        let names = Names(Cell::new(&[]));
+        let _ = Raw::deserialize(&names);
+        names.0.get()
+    }
+
+    #[test]
+    fn keys_are_the_parsers() {
+        let mut listed: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
+        let mut read = raw_fields().to_vec();
+        listed.sort_unstable();
+        read.sort_unstable();
+        assert_eq!(listed, read, "KEYS and the fields of Raw differ");
+
+        // Each stated default is what parse gives when the key is absent.
+        let c = parse(br#"{"name":"n"}"#).unwrap();
+        for k in KEYS {
+            let d = k.default;
+            match k.name {
+                "cniVersion" => assert_eq!(c.cni_version, d),
+                "name" => assert!(parse(b"{}").is_err() && d == "required"),
+                "type" => assert_eq!(c.plugin_type, d),
+                "runtimeConfig" => assert!(c.runtime_config.is_empty() && d == "{}"),
+                "prevResult" => assert!(c.prev_result.is_none() && d == "none"),
+                "ledgerDir" => assert_eq!(c.ledger_dir, PathBuf::from(d)),
+                // Resolved at ADD: the option, else $NETCONFPATH, else the default dir.
+                "confDir" => assert!(c.conf_dir.is_none() && d.ends_with(DEFAULT_CONF_DIR)),
+                "logFile" => assert!(c.log_file.is_none() && d.ends_with("stderr")),
+                "logLevel" => {
+                    let given = format!(r#"{{"name":"n","logLevel":"{d}"}}"#);
+                    assert_eq!(parse(given.as_bytes()).unwrap().log_level, c.log_level);
+                }
+                "onLedgerError" => {
+                    let given = format!(r#"{{"name":"n","onLedgerError":"{d}"}}"#);
+                    assert_eq!(
+                        parse(given.as_bytes()).unwrap().on_ledger_error,
+                        c.on_ledger_error
+                    );
+                }
+                "capabilities" => assert!(c.capabilities.is_empty() && d == "{}"),
+                "lockTimeoutMs" => assert_eq!(c.lock_timeout_ms.to_string(), d),
+                // Unset: the GC verb applies no grace (plugin::gc_verb reads it as 0).
+                "gcGraceSecs" => assert!(c.gc_grace_secs.is_none() && d == "none: 0"),
+                "gcBudgetSecs" => assert_eq!(c.gc_budget_secs.to_string(), d),
+                "returnDevices" => assert!(c.return_devices.is_none() && d == "false"),
+                other => panic!("KEYS names {other}, which this test does not check"),
+            }
+        }
     }
 
     #[test]
