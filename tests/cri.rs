@@ -66,6 +66,21 @@ fn list_cri(f: &Fixture, endpoint: &str) -> Vec<Value> {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// `list_cri` once containerd's CRI service answers: a restarted containerd takes
+/// its API socket before the CRI plugin has loaded (slow on a loaded machine), and a
+/// list made in between says nothing of the runtime.
+fn list_cri_answered(f: &Fixture, endpoint: &str) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let rows = list_cri(f, endpoint);
+        if rows.iter().all(|r| r.get("runtimeState").is_some()) {
+            return rows;
+        }
+        assert!(Instant::now() < deadline, "CRI never answered: {rows:#?}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
 fn row<'a>(rows: &'a [Value], id: &str) -> &'a Value {
     rows.iter()
         .find(|r| r["containerId"] == json!(id))
@@ -239,7 +254,7 @@ fn containerd_sandbox_list_judges_exactly_the_forgotten_sandbox() {
     ctrd.forget_and_stop(&wiped);
     let mut ctrd = Containerd::start(&f, &dir);
     assert!(Path::new(&wiped_ns).exists());
-    let rows = list_cri(&f, &endpoint);
+    let rows = list_cri_answered(&f, &endpoint);
     assert_eq!(
         row(&rows, &wiped)["runtimeState"],
         json!("absent"),
