@@ -1,7 +1,6 @@
 //! cni-ledger: a chained CNI plugin that records every ADD durably, and a command-line
 //! tool that replays DEL for attachments whose sandboxes vanished (docs/DESIGN.md).
 
-pub mod adopt;
 pub mod agent;
 pub mod cli;
 pub mod cni;
@@ -12,7 +11,9 @@ pub mod faults;
 pub mod gc;
 pub mod injection;
 pub mod ledger;
+pub mod libcni;
 pub mod logging;
+pub mod metrics;
 pub mod node_root;
 pub mod plugin;
 pub mod sandbox;

@@ -19,7 +19,6 @@ pub mod gap;
 mod gc_loop;
 mod http;
 pub mod install;
-pub mod metrics;
 mod watch;
 
 use anyhow::{Context, Result};
@@ -146,7 +145,7 @@ impl Status {
 
 /// State shared by the agent's threads. The server only reads it.
 pub struct Shared {
-    pub metrics: metrics::Metrics,
+    pub metrics: crate::metrics::Metrics,
     /// Written by the watcher, a whole pass at a time.
     pub status: Mutex<Status>,
     /// Written by the gc loop after each run.
@@ -420,7 +419,7 @@ pub fn run(mut opts: Options) -> Result<i32> {
         }
     };
     let shared = Arc::new(Shared {
-        metrics: metrics::Metrics::new(),
+        metrics: crate::metrics::Metrics::new(),
         status: Mutex::new(Status::default()),
         cri_refused: Mutex::new(None),
         liveness: Liveness::default(),

@@ -129,7 +129,7 @@ fn write_metrics(
     cri: &[crate::cri::Answer],
     took: Duration,
 ) {
-    let m = crate::agent::metrics::Metrics::new();
+    let m = crate::metrics::Metrics::new();
     m.observe_cri(cri);
     match report {
         Some(r) => m.observe_gc(r, took.as_secs_f64()),

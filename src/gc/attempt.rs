@@ -2,13 +2,13 @@
 //! belongs to an ADD, DEL or another gc), re-read and re-judge under the lock, replay
 //! DEL, then remove the record or store the attempt with its backoff.
 
-use super::libcni_cache::CachedAttachment;
 use super::replay::{self, Invocation, PluginOutcome};
 use super::{
     backoff_secs, decide, failure_text, judge, Action, Decision, Judged, Options, RecordReport,
 };
 use crate::conflist;
 use crate::ledger::{Decoded, Key, KeyLock, Ledger, Record, Snapshot, Wait};
+use crate::libcni::cache::CachedAttachment;
 use anyhow::Result;
 use serde_json::{Map, Value};
 use std::path::PathBuf;
@@ -138,7 +138,7 @@ fn replay(
     // libcni's entry goes while the key is still ours: once it is released, an adopt
     // that finds no record must not find the cache entry of what was just released.
     // Whatever is at its path goes, as libcni's DEL does: an unusable file too.
-    super::libcni_cache::remove_entry(&opts.cache_dir, &key);
+    crate::libcni::cache::remove_entry(&opts.cache_dir, &key);
     lock.release_and_remove();
     crate::faults::crash_point("gc.key-released");
     crate::info!("gc: {key}: replayed, record removed");

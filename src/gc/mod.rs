@@ -5,7 +5,6 @@
 //! worker threads, and reports. The policy is in `policy`, the report in `report`.
 
 mod attempt;
-pub mod libcni_cache;
 mod policy;
 pub mod replay;
 mod report;

@@ -24,7 +24,7 @@ use std::sync::PoisonError;
 
 pub use lock::{KeyLock, SnapshotGuard, Wait};
 pub use quarantine::{Damaged, Quarantine};
-pub use record::{Decoded, Key, Record};
+pub use record::{Decoded, Key, Record, RecordSource};
 
 /// Threads for a scan: the work is syscalls on cached files, so a few cores suffice.
 pub fn scan_jobs() -> usize {

@@ -23,6 +23,18 @@ pub struct Key {
 }
 
 impl Key {
+    pub fn new(
+        network: impl Into<String>,
+        container_id: impl Into<String>,
+        ifname: impl Into<String>,
+    ) -> Key {
+        Key {
+            network: network.into(),
+            container_id: container_id.into(),
+            ifname: ifname.into(),
+        }
+    }
+
     /// File stem: readable `net:cid:ifname` (`:` cannot occur in any part), or a hash
     /// when that would exceed what a file name can hold.
     pub fn stem(&self) -> String {
@@ -38,6 +50,50 @@ impl Key {
 impl std::fmt::Display for Key {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}/{}", self.network, self.container_id, self.ifname)
+    }
+}
+
+/// Who made a record, when not the plugin's ADD (those carry no source). Stored as its
+/// name; a name this binary does not know decodes as `Other`, so a record a newer binary
+/// wrote is still read, never taken for damage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum RecordSource {
+    /// `adopted`: made by `cni-ledger adopt` from libcni's cache.
+    Adopted,
+    Other(String),
+}
+
+impl RecordSource {
+    pub fn as_str(&self) -> &str {
+        match self {
+            RecordSource::Adopted => "adopted",
+            RecordSource::Other(s) => s,
+        }
+    }
+}
+
+impl From<String> for RecordSource {
+    fn from(s: String) -> RecordSource {
+        match s.as_str() {
+            "adopted" => RecordSource::Adopted,
+            _ => RecordSource::Other(s),
+        }
+    }
+}
+
+impl From<RecordSource> for String {
+    fn from(s: RecordSource) -> String {
+        match s {
+            RecordSource::Other(s) => s,
+            known => known.as_str().to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for RecordSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -82,7 +138,7 @@ pub struct Record {
     pub gc: Option<GcState>,
     /// `adopted` for a record `cni-ledger adopt` made from libcni's cache; none for ADD's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source: Option<String>,
+    pub source: Option<RecordSource>,
     /// The libcni cache file an adopted record came from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_file: Option<String>,
@@ -94,11 +150,7 @@ pub struct Record {
 
 impl Record {
     pub fn key(&self) -> Key {
-        Key {
-            network: self.network.clone(),
-            container_id: self.container_id.clone(),
-            ifname: self.ifname.clone(),
-        }
+        Key::new(&self.network, &self.container_id, &self.ifname)
     }
 
     pub fn created_unix(&self) -> Option<i64> {

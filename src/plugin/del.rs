@@ -8,17 +8,9 @@ use crate::cni::error::{self, CniError};
 use crate::ledger::{Damaged, Decoded, Key, Ledger, Wait};
 use std::time::Duration;
 
-fn key(conf: &NetConf, args: &CmdArgs) -> Key {
-    Key {
-        network: conf.name.clone(),
-        container_id: args.container_id.clone(),
-        ifname: args.ifname.clone(),
-    }
-}
-
 pub fn del(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
     let ledger = Ledger::at(&conf.ledger_dir);
-    let key = key(conf, args);
+    let key = Key::new(&conf.name, &args.container_id, &args.ifname);
     match std::fs::metadata(ledger.records_dir()) {
         Ok(m) if m.is_dir() => {}
         Ok(_) => {
@@ -122,7 +114,7 @@ fn unreachable_ledger(key: &Key, ledger: &Ledger, why: &str) {
 }
 
 pub fn check(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
-    let key = key(conf, args);
+    let key = Key::new(&conf.name, &args.container_id, &args.ifname);
     match Ledger::at(&conf.ledger_dir)
         .read(&key.stem())
         .map_err(ledger_error)?
