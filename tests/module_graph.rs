@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 /// The layers, lowest first. A module may use any module of a lower layer, none of its
 /// own layer or above. A new top-level module must be placed here (and in MODULES.md).
 const LAYERS: &[&[&str]] = &[
-    &["faults", "workers", "node_root"],
+    &["faults"],
     &["time"],
     &["logging", "sandbox"],
+    &["workers", "node_root"],
     &["ledger"],
     &["devices", "conflist"],
     &["cni", "injection"],
@@ -84,7 +85,9 @@ fn tokens(src: &str) -> Vec<Tok> {
     let mut i = 0;
     while i < c.len() {
         let ch = c[i];
-        if ch == '/' && c.get(i + 1) == Some(&'/') {
+        if ch.is_whitespace() {
+            i += 1;
+        } else if ch == '/' && c.get(i + 1) == Some(&'/') {
             while i < c.len() && c[i] != '\n' {
                 i += 1;
             }
@@ -218,7 +221,7 @@ fn uses_of(
     let src = std::fs::read_to_string(file).unwrap();
     let toks = tokens(&src);
     let mut found = BTreeSet::new();
-    let mut name_after = |toks: &[Tok], i: usize, found: &mut BTreeSet<String>| {
+    let name_after = |toks: &[Tok], i: usize, found: &mut BTreeSet<String>| {
         // toks[i] is what follows `<root>::`.
         match toks.get(i) {
             Some(Tok::Ident(s)) if toks.get(i + 1) == Some(&Tok::Bang) => {
@@ -271,8 +274,9 @@ fn uses_of(
                 let depth = module_path.len() + inline_mods.len();
                 assert!(
                     n <= depth,
-                    "{}: `super` above the crate root",
-                    file.display()
+                    "{}: `super` above the crate root ({n} > {depth}, {:?})",
+                    file.display(),
+                    &toks[i.saturating_sub(8)..(i + 8).min(toks.len())]
                 );
                 if n == depth {
                     name_after(&toks, j, &mut found);
