@@ -2,6 +2,8 @@
 //! against the layering docs/MODULES.md describes. A module may use only modules of a
 //! lower layer, so an upward import (and with it any cycle) fails here. Needs no root.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -249,10 +251,12 @@ fn uses_of(
                     inline_mods.pop();
                 }
             }
-            Tok::Ident(s) if s == "mod" => {
-                if ident(toks.get(i + 1)).is_some() && toks.get(i + 2) == Some(&Tok::Open) {
-                    inline_mods.push(brace_depth);
-                }
+            Tok::Ident(s)
+                if s == "mod"
+                    && ident(toks.get(i + 1)).is_some()
+                    && toks.get(i + 2) == Some(&Tok::Open) =>
+            {
+                inline_mods.push(brace_depth);
             }
             Tok::Ident(s) if s == "crate" && toks.get(i + 1) == Some(&Tok::PathSep) => {
                 name_after(&toks, i + 2, &mut found);
