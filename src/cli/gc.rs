@@ -185,7 +185,7 @@ fn print_human(r: &Report) {
                 let detail = match rec.action {
                     gc::Action::Replayed => format!(
                         "via {} ({})",
-                        rec.config_source.unwrap_or("-"),
+                        rec.config_source.map_or("-", gc::ConfigSource::as_str),
                         rec.plugins
                             .iter()
                             .map(|p| p.plugin_type.as_str())

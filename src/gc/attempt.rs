@@ -2,9 +2,10 @@
 //! belongs to an ADD, DEL or another gc), re-read and re-judge under the lock, replay
 //! DEL, then remove the record or store the attempt with its backoff.
 
-use super::replay::{self, Invocation, PluginOutcome};
+use super::replay::{self, DelResult, Invocation, PluginOutcome, ReplayError};
 use super::{
-    backoff_secs, decide, failure_text, judge, Action, Decision, Judged, Options, RecordReport,
+    backoff_secs, decide, failure_text, judge, Action, ConfigSource, Decision, Judged, Options,
+    RecordReport,
 };
 use crate::conflist;
 use crate::ledger::{Decoded, Key, KeyLock, Ledger, Record, Snapshot, Wait};
@@ -108,9 +109,7 @@ fn replay(
         Err(e) => {
             let outcome = PluginOutcome {
                 plugin_type: String::new(),
-                ok: false,
-                error: Some(format!("{e:#}")),
-                exit_status: None,
+                result: DelResult::Failed(ReplayError::without_exit(format!("{e:#}"))),
                 source: None,
             };
             return record_failure(ledger, rec, judged, None, vec![outcome], now, opts);
@@ -124,7 +123,7 @@ fn replay(
         netns.as_deref(),
         opts,
     );
-    if !outcomes.iter().all(|o| o.ok) {
+    if !outcomes.iter().all(PluginOutcome::ok) {
         let mut r = record_failure(ledger, rec, judged, Some(source), outcomes, now, opts);
         r.replay_netns = netns;
         return r;
@@ -198,9 +197,9 @@ fn del_chain(
         crate::devices::at_del(ledger, &key, ns, &spec, "gc:");
     }
     for o in &outcomes {
-        match &o.error {
-            None => crate::info!("gc: {key}: {} DEL ok", o.plugin_type),
-            Some(_) => crate::warn!("gc: {key}: DEL failed: {}", failure_text(o)),
+        match &o.result {
+            DelResult::Done => crate::info!("gc: {key}: {} DEL ok", o.plugin_type),
+            DelResult::Failed(_) => crate::warn!("gc: {key}: DEL failed: {}", failure_text(o)),
         }
     }
     outcomes
@@ -223,7 +222,7 @@ fn record_failure(
     ledger: &Ledger,
     rec: &Record,
     judged: Judged,
-    source: Option<&'static str>,
+    source: Option<ConfigSource>,
     outcomes: Vec<PluginOutcome>,
     now: i64,
     opts: &Options,
@@ -234,7 +233,7 @@ fn record_failure(
     gc.last_error = Some(
         outcomes
             .iter()
-            .filter(|o| !o.ok)
+            .filter(|o| !o.ok())
             .map(failure_text)
             .collect::<Vec<_>>()
             .join("; "),
@@ -271,12 +270,12 @@ fn resolve_config(
     rec: &Record,
     cached: Option<&CachedAttachment>,
     opts: &Options,
-) -> Result<(Value, &'static str)> {
+) -> Result<(Value, ConfigSource)> {
     if let Some(list) = snapshot_config(ledger, rec)? {
-        return Ok((list, "snapshot"));
+        return Ok((list, ConfigSource::Snapshot));
     }
     if let Some(list) = cached.and_then(|c| c.config.as_ref()) {
-        return Ok((list.clone(), "cache"));
+        return Ok((list.clone(), ConfigSource::Cache));
     }
     let dir = opts
         .conf_dir
@@ -288,7 +287,7 @@ fn resolve_config(
         })
         .unwrap_or_else(|| PathBuf::from(crate::cni::config::DEFAULT_CONF_DIR));
     if let Some(found) = conflist::find(&dir, &rec.network)? {
-        return Ok((found.list, "conflist"));
+        return Ok((found.list, ConfigSource::Conflist));
     }
     anyhow::bail!(
         "no configuration for network {}: no snapshot, no libcni cache, nothing in {}",

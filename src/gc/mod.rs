@@ -14,7 +14,7 @@ pub use policy::{
     BACKOFF_MAX_SECS,
 };
 pub use report::{
-    failure_text, Action, CriSummary, DamagedReport, RecordReport, Report, Summary,
+    failure_text, Action, ConfigSource, CriSummary, DamagedReport, RecordReport, Report, Summary,
     UnreadableReport,
 };
 
