@@ -6,7 +6,7 @@
 //! with the ledger; the table is sorted and so holds its (short) cells.
 
 use crate::conflist;
-use crate::ledger::{Damaged, Decoded, Ledger, Quarantine, Record, RecordSource};
+use crate::ledger::{Damage, Damaged, Decoded, Ledger, Quarantine, Record, RecordSource};
 use crate::sandbox;
 use anyhow::Result;
 use serde::Serialize;
@@ -177,7 +177,7 @@ fn damaged_row(ledger: &Ledger, d: Damaged) -> OtherRow {
     OtherRow {
         file: d.path.display().to_string(),
         state: "damaged",
-        reason: d.reason.into(),
+        reason: d.reason.as_str().into(),
         details: d.detail,
         quarantined_to,
     }
@@ -311,7 +311,7 @@ pub fn run(args: Args) -> Result<i32> {
                 details: "written by a newer cni-ledger; left alone".into(),
                 quarantined_to: None,
             }),
-            Decoded::Damaged(reason, detail) => acc.damaged.push(Damaged {
+            Decoded::Damaged(Damage { reason, detail }) => acc.damaged.push(Damaged {
                 stem: e.stem,
                 path: e.path,
                 reason,

@@ -32,7 +32,11 @@ pub(super) fn attempt(
         return RecordReport::of(seen, judged, Action::Busy);
     };
     match recheck(ledger, seen, boot, opts) {
-        Recheck::Stale(rec, judged, verified) => {
+        Recheck::Stale {
+            rec,
+            judged,
+            verified,
+        } => {
             // The namespace goes to the plugins only when its cookie, checked just now
             // under the lock, proved it the recorded one; otherwise none, so no DEL can
             // reach another pod.
@@ -61,8 +65,14 @@ fn try_lock(ledger: &Ledger, key: &Key) -> Option<KeyLock> {
 
 /// A scanned record as it is under its lock.
 enum Recheck {
-    /// Still the same record, still stale: why, and whether the namespace was verified.
-    Stale(Box<Record>, Judged, bool),
+    /// Still the same record, still stale.
+    Stale {
+        rec: Box<Record>,
+        /// Why, and which identity decided.
+        judged: Judged,
+        /// The recorded namespace was proved the recorded one just now (its cookie).
+        verified: bool,
+    },
     Live(Box<Record>),
     Gone,
     /// Replaced by another ADD's record, or unreadable now.
@@ -82,7 +92,11 @@ fn recheck(ledger: &Ledger, seen: &Record, boot: &str, opts: &Options) -> Rechec
     };
     let l = judge(&rec, boot, opts);
     match l.reason {
-        Some(reason) => Recheck::Stale(rec, (reason, l.evidence), l.verified),
+        Some(reason) => Recheck::Stale {
+            rec,
+            judged: (reason, l.evidence),
+            verified: l.verified,
+        },
         None => {
             crate::info!("gc: {key}: live on re-check; not touched");
             Recheck::Live(rec)

@@ -18,7 +18,7 @@ pub use report::{
     UnreadableReport,
 };
 
-use crate::ledger::{Damaged, Decoded, Entry, Ledger, Quarantine, Record};
+use crate::ledger::{Damage, Damaged, Decoded, Entry, Ledger, Quarantine, Record};
 use crate::sandbox::{self, Evidence, Reason};
 use anyhow::{Context, Result};
 use serde_json::Value;
@@ -223,7 +223,7 @@ impl Scan {
                 reason: format!("newer-format {format}: left for a newer cni-ledger"),
                 quarantined_to: None,
             }),
-            Decoded::Damaged(reason, detail) => self.damaged.push(Damaged {
+            Decoded::Damaged(Damage { reason, detail }) => self.damaged.push(Damaged {
                 stem: entry.stem,
                 path: entry.path,
                 reason,

@@ -5,7 +5,7 @@ use super::{busy, ledger_error};
 use crate::cni::config::NetConf;
 use crate::cni::env::CmdArgs;
 use crate::cni::error::{self, CniError};
-use crate::ledger::{Damaged, Decoded, Key, Ledger, Wait};
+use crate::ledger::{Damage, Damaged, Decoded, Key, Ledger, Wait};
 use std::time::Duration;
 
 pub fn del(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
@@ -76,7 +76,7 @@ pub fn del(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
                 return Ok(());
             }
         },
-        Some(Decoded::Damaged(reason, detail)) => {
+        Some(Decoded::Damaged(Damage { reason, detail })) => {
             // The runtime tore the attachment down, but a damaged file is never dropped
             // unseen: it goes to quarantine for an operator to look at.
             let damaged = Damaged {
@@ -120,7 +120,7 @@ pub fn check(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
         .map_err(ledger_error)?
     {
         Some(Decoded::Ok(_)) => Ok(()),
-        Some(Decoded::Damaged(reason, _)) => Err(CniError::new(
+        Some(Decoded::Damaged(Damage { reason, .. })) => Err(CniError::new(
             error::IO_FAILURE,
             format!("ledger record is damaged ({reason})"),
             key.to_string(),
