@@ -1,5 +1,8 @@
 //! cni-ledger: a chained CNI plugin that records every ADD durably, and a command-line
 //! tool that replays DEL for attachments whose sandboxes vanished (docs/DESIGN.md).
+//!
+//! The modules are layered, each using only those below it; docs/MODULES.md has the
+//! layers and what each module owns, and tests/module_graph.rs holds the code to them.
 
 pub mod agent;
 pub mod cli;
