@@ -1,6 +1,8 @@
-//! Wall-clock time as Unix seconds and RFC 3339 UTC strings (`2026-12-02T17:41:33Z`),
-//! and the time since boot, which no clock step changes.
+//! Time: wall-clock Unix seconds and RFC 3339 UTC strings (`2026-12-02T17:41:33Z`), the
+//! time since boot (which no clock step changes), when this boot began, and ages as the
+//! human tables show them.
 
+use anyhow::Context;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub fn now() -> i64 {
@@ -17,6 +19,62 @@ pub fn since_boot() -> Option<u64> {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
         .ok()
         .and_then(|t| u64::try_from(t.tv_sec()).ok())
+}
+
+/// An age in whole units for the human tables: `90s`, `5m`, `3h`, `2d`; `-` when negative
+/// (a clock stepped back).
+pub fn age(secs: i64) -> String {
+    match secs {
+        s if s < 0 => "-".into(),
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86400),
+    }
+}
+
+/// When the current boot began (Unix seconds), from `btime` in /proc/stat: the clock
+/// now less the time since boot, so a step of the clock moves it too.
+pub fn boot_time() -> anyhow::Result<i64> {
+    if let Some(t) = crate::faults::btime_override() {
+        return Ok(t);
+    }
+    let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+    stat.lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .and_then(|v| v.trim().parse().ok())
+        .context("no btime in /proc/stat")
+}
+
+/// Directories whose filesystem is made anew at every boot (devtmpfs by the kernel
+/// itself, tmpfs by early boot), so their birth time is a reading of the clock as the
+/// boot began.
+const BOOT_FRESH_DIRS: &[&str] = &["/dev", "/run"];
+
+/// The earliest this boot can have begun (Unix seconds), for judging a cache file by its
+/// date. `btime` alone moves with the clock: stepped forward after boot (a first NTP
+/// sync on a node without a good RTC, a VM resumed from a snapshot), it would pass the
+/// files this boot wrote before the step and make their pods "from an earlier boot".
+/// The births of /dev and /run were stamped by the clock as it was then; the earliest
+/// of all is taken. Each can only move the line back, towards "this boot" (live).
+pub fn boot_began() -> anyhow::Result<i64> {
+    let btime = boot_time()?;
+    Ok(BOOT_FRESH_DIRS
+        .iter()
+        .filter_map(|d| born_this_boot(d))
+        .fold(btime, i64::min))
+}
+
+/// The birth time of `dir`, when it is the root of a tmpfs (devtmpfs is one too) and
+/// the kernel keeps birth times there: a /dev on disk was born at install, not at boot.
+fn born_this_boot(dir: &str) -> Option<i64> {
+    let fs = nix::sys::statfs::statfs(dir).ok()?;
+    if fs.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC {
+        return None;
+    }
+    let born = std::fs::metadata(dir).ok()?.created().ok()?;
+    let secs = born.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs();
+    i64::try_from(secs).ok().filter(|&s| s > 0)
 }
 
 // Days from civil date and back: Howard Hinnant's algorithms, proleptic Gregorian.
@@ -77,6 +135,14 @@ pub fn parse_rfc3339(s: &str) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn boot_time_is_in_the_past() {
+        let t = boot_time().unwrap();
+        assert!(t > 0 && t <= now());
+        let began = boot_began().unwrap();
+        assert!(began > 0 && began <= t);
+    }
 
     #[test]
     fn round_trips() {

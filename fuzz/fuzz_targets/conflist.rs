@@ -36,7 +36,7 @@ fuzz_target!(|data: &[u8]| {
         let found = replay::find_plugin(ty, &[]);
         assert!(found.is_err());
         if ty.contains('/') || ty == ".." || ty == "." || ty.is_empty() {
-            let msg = found.unwrap_err().0;
+            let msg = found.unwrap_err().message;
             assert!(msg.contains("not a bare name"), "{ty:?}: {msg}");
         }
     }

@@ -22,7 +22,7 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
         }
-        Decoded::Damaged(reason, _) => assert!(!reason.is_empty()),
+        Decoded::Damaged(d) => assert!(!d.reason.as_str().is_empty()),
         Decoded::Newer(v) => assert!(v > cni_ledger::ledger::record::FORMAT),
         // Only a scan that could not read a file says so; bytes in hand always decode
         // to one of the above.

@@ -37,11 +37,7 @@ pub fn unrecorded(cache_dir: &Path, ledger: &Ledger, networks: &[String]) -> BTr
         if head.kind != "cniCacheV1" {
             continue;
         }
-        let key = Key {
-            network: head.network_name,
-            container_id: head.container_id,
-            ifname: head.if_name,
-        };
+        let key = Key::new(head.network_name, head.container_id, head.if_name);
         if !matches!(ledger.read(&key.stem()), Ok(Some(_))) {
             *count += 1;
         }
@@ -59,7 +55,7 @@ pub fn after_injection(
     injected: std::collections::BTreeSet<String>,
     cni_path: &str,
 ) -> BTreeMap<String, u64> {
-    let opts = crate::adopt::Options {
+    let opts = crate::libcni::adopt::Options {
         ledger_dir: ledger.root().to_path_buf(),
         cache_dir: cache_dir.to_path_buf(),
         networks: injected,
@@ -67,12 +63,12 @@ pub fn after_injection(
         cni_path: Some(cni_path.to_string()).filter(|p| !p.is_empty()),
         dry_run: false,
     };
-    match crate::adopt::run(&opts) {
+    match crate::libcni::adopt::run(&opts) {
         Ok(r) => {
             let made = r
                 .adopted
                 .iter()
-                .filter(|a| a.action == crate::adopt::AdoptAction::Adopted)
+                .filter(|a| a.action == crate::libcni::adopt::AdoptAction::Adopted)
                 .count();
             if made > 0 {
                 crate::info!("agent: adopted {made} attachment(s) from libcni's cache");

@@ -14,12 +14,14 @@
 //! `CNI_COMMAND` is set before any CLI code runs.
 
 pub mod conf;
+mod conflists;
 pub mod fight;
 pub mod gap;
 mod gc_loop;
 mod http;
 pub mod install;
-pub mod metrics;
+mod readiness;
+mod reconcile;
 mod watch;
 
 use anyhow::{Context, Result};
@@ -33,6 +35,7 @@ use std::time::{Duration, Instant};
 
 pub use conf::Choice;
 pub use http::parse_listen;
+pub use readiness::{ConfStatus, Status};
 
 pub struct Options {
     pub bin_dirs: Vec<PathBuf>,
@@ -65,88 +68,9 @@ pub enum CriEndpoints {
     Given(Vec<String>),
 }
 
-/// What `/readyz` reports; written by the watcher, read by the server.
-#[derive(Debug, Default, Clone)]
-pub struct Status {
-    /// Per CNI bin dir: None when it holds our binary, else why not.
-    pub binaries: Vec<(PathBuf, Option<String>)>,
-    pub conflists: Vec<ConfStatus>,
-    /// Why no conflist was chosen, when none was.
-    pub conf_error: Option<String>,
-    /// Why the ledger dir is not usable, when it is not.
-    pub ledger_error: Option<String>,
-    /// The first reconcile has run.
-    pub checked: bool,
-    /// Why the last gc run judged nothing by the CRI runtimes' list, when it did not
-    /// (kept by the gc loop in `Shared::cri_refused`, filled in by `Shared::status`).
-    pub cri_refused: Option<String>,
-}
-
-#[derive(Debug, Clone)]
-pub struct ConfStatus {
-    pub file: PathBuf,
-    pub injected: bool,
-    pub fighting: bool,
-    pub error: Option<String>,
-}
-
-impl Status {
-    /// Ready, and one line per check for the response body.
-    pub fn readiness(&self) -> (bool, String) {
-        let mut ok = self.checked;
-        let mut lines = Vec::new();
-        if !self.checked {
-            lines.push("not yet checked".to_string());
-        }
-        for (dir, err) in &self.binaries {
-            match err {
-                None => lines.push(format!("ok binary installed in {}", dir.display())),
-                Some(e) => {
-                    ok = false;
-                    lines.push(format!("FAIL binary in {}: {e}", dir.display()));
-                }
-            }
-        }
-        if let Some(e) = &self.conf_error {
-            ok = false;
-            lines.push(format!("FAIL conflist: {e}"));
-        }
-        for c in &self.conflists {
-            let f = c.file.display();
-            if c.fighting {
-                ok = false;
-                lines.push(format!(
-                    "FAIL {f}: another writer keeps reverting it; backing off"
-                ));
-            } else if !c.injected {
-                ok = false;
-                let why = c.error.as_deref().unwrap_or("not injected yet");
-                lines.push(format!("FAIL {f}: {why}"));
-            } else {
-                lines.push(format!("ok ledger first in {f} (verified)"));
-            }
-        }
-        match &self.ledger_error {
-            None if self.checked => lines.push("ok ledger dir usable".into()),
-            None => {}
-            Some(e) => {
-                ok = false;
-                lines.push(format!("FAIL ledger dir: {e}"));
-            }
-        }
-        // Not a readiness failure: the agent is doing its job by refusing.
-        if let Some(why) = &self.cri_refused {
-            lines.push(format!("WARN cri: {why}"));
-        }
-        let mut body = lines.join("\n");
-        body.push('\n');
-        (ok, body)
-    }
-}
-
 /// State shared by the agent's threads. The server only reads it.
 pub struct Shared {
-    pub metrics: metrics::Metrics,
+    pub metrics: crate::metrics::Metrics,
     /// Written by the watcher, a whole pass at a time.
     pub status: Mutex<Status>,
     /// Written by the gc loop after each run.
@@ -420,7 +344,7 @@ pub fn run(mut opts: Options) -> Result<i32> {
         }
     };
     let shared = Arc::new(Shared {
-        metrics: metrics::Metrics::new(),
+        metrics: crate::metrics::Metrics::new(),
         status: Mutex::new(Status::default()),
         cri_refused: Mutex::new(None),
         liveness: Liveness::default(),
@@ -478,22 +402,6 @@ pub fn run(mut opts: Options) -> Result<i32> {
 mod tests {
     use super::*;
 
-    fn ready_status() -> Status {
-        Status {
-            binaries: vec![(PathBuf::from("/opt/cni/bin"), None)],
-            conflists: vec![ConfStatus {
-                file: PathBuf::from("/etc/cni/net.d/10-a.conflist"),
-                injected: true,
-                fighting: false,
-                error: None,
-            }],
-            conf_error: None,
-            ledger_error: None,
-            checked: true,
-            cri_refused: None,
-        }
-    }
-
     #[test]
     fn healthy_while_both_threads_run_and_the_body_names_an_ended_one() {
         let l = Liveness::default();
@@ -524,31 +432,5 @@ mod tests {
         assert!(r.is_err());
         let (ok, body) = l.report();
         assert!(!ok && body.contains("FAIL watch thread panicked"), "{body}");
-    }
-
-    #[test]
-    fn ready_only_when_every_check_passes() {
-        assert!(ready_status().readiness().0);
-        assert!(
-            !Status::default().readiness().0,
-            "ready before the first check"
-        );
-        let mut s = ready_status();
-        s.conflists[0].fighting = true;
-        let (ok, body) = s.readiness();
-        assert!(!ok && body.contains("keeps reverting"), "{body}");
-        let mut s = ready_status();
-        s.conflists[0].injected = false;
-        assert!(!s.readiness().0);
-        let mut s = ready_status();
-        s.binaries[0].1 = Some("EACCES".into());
-        assert!(!s.readiness().0);
-        let mut s = ready_status();
-        s.ledger_error = Some("not trusted".into());
-        assert!(!s.readiness().0);
-        let mut s = ready_status();
-        s.conflists.clear();
-        s.conf_error = Some("no network configuration".into());
-        assert!(!s.readiness().0);
     }
 }

@@ -1,6 +1,6 @@
 //! `cni-ledger adopt`: records for attachments in libcni's cache that the ledger lacks.
 
-use crate::adopt::{self, AdoptAction, Report};
+use crate::libcni::adopt::{self, AdoptAction, Report};
 use anyhow::Result;
 use std::path::PathBuf;
 

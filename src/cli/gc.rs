@@ -129,7 +129,7 @@ fn write_metrics(
     cri: &[crate::cri::Answer],
     took: Duration,
 ) {
-    let m = crate::agent::metrics::Metrics::new();
+    let m = crate::metrics::Metrics::new();
     m.observe_cri(cri);
     match report {
         Some(r) => m.observe_gc(r, took.as_secs_f64()),
@@ -185,7 +185,7 @@ fn print_human(r: &Report) {
                 let detail = match rec.action {
                     gc::Action::Replayed => format!(
                         "via {} ({})",
-                        rec.config_source.unwrap_or("-"),
+                        rec.config_source.map_or("-", gc::ConfigSource::as_str),
                         rec.plugins
                             .iter()
                             .map(|p| p.plugin_type.as_str())

@@ -6,7 +6,7 @@
 //! with the ledger; the table is sorted and so holds its (short) cells.
 
 use crate::conflist;
-use crate::ledger::{Damaged, Decoded, Ledger, Quarantine, Record};
+use crate::ledger::{Damage, Damaged, Decoded, Ledger, Quarantine, Record, RecordSource};
 use crate::sandbox;
 use anyhow::Result;
 use serde::Serialize;
@@ -130,7 +130,7 @@ struct OtherRow {
 
 fn table_cells(row: &Row, now: i64) -> Vec<String> {
     let age = crate::time::parse_rfc3339(row.created_at)
-        .map(|t| super::age(now - t))
+        .map(|t| crate::time::age(now - t))
         .unwrap_or_else(|| "-".into());
     let mut reason = row.reason.unwrap_or("-").to_string();
     if row.attempts > 0 {
@@ -177,7 +177,7 @@ fn damaged_row(ledger: &Ledger, d: Damaged) -> OtherRow {
     OtherRow {
         file: d.path.display().to_string(),
         state: "damaged",
-        reason: d.reason.into(),
+        reason: d.reason.as_str().into(),
         details: d.detail,
         quarantined_to,
     }
@@ -242,7 +242,7 @@ fn row<'a>(
         next_attempt_at: gc.and_then(|g| g.next_attempt_at.as_deref()),
         failed: gc.is_some_and(|g| g.failed),
         file: path.display().to_string(),
-        source: rec.source.as_deref(),
+        source: rec.source.as_ref().map(RecordSource::as_str),
         cache_file: rec.cache_file.as_deref(),
         chain,
         runtime_state: verdict.map(|v| v.as_str()),
@@ -311,7 +311,7 @@ pub fn run(args: Args) -> Result<i32> {
                 details: "written by a newer cni-ledger; left alone".into(),
                 quarantined_to: None,
             }),
-            Decoded::Damaged(reason, detail) => acc.damaged.push(Damaged {
+            Decoded::Damaged(Damage { reason, detail }) => acc.damaged.push(Damaged {
                 stem: e.stem,
                 path: e.path,
                 reason,

@@ -94,17 +94,6 @@ pub fn main() -> i32 {
     }
 }
 
-/// `1h2m`-style ages for the human tables.
-pub fn age(secs: i64) -> String {
-    match secs {
-        s if s < 0 => "-".into(),
-        s if s < 120 => format!("{s}s"),
-        s if s < 7200 => format!("{}m", s / 60),
-        s if s < 172_800 => format!("{}h", s / 3600),
-        s => format!("{}d", s / 86400),
-    }
-}
-
 fn display_width(s: &str) -> usize {
     if s.is_ascii() {
         s.len()

@@ -1,6 +1,6 @@
 //! `cni-ledger verify`: read every record and snapshot, report damage, change nothing.
 
-use crate::ledger::{fsio, Decoded, Ledger, Snapshot};
+use crate::ledger::{fsio, Damage, Decoded, Ledger, Snapshot};
 use anyhow::Result;
 use std::path::PathBuf;
 
@@ -26,7 +26,7 @@ pub fn run(args: Args) -> Result<i32> {
             "{}: format {v} is newer than this binary",
             e.path.display()
         )),
-        Decoded::Damaged(reason, detail) => {
+        Decoded::Damaged(Damage { reason, detail }) => {
             problems.push(format!("{}: {reason}: {detail}", e.path.display()))
         }
         Decoded::Unreadable(error) => {

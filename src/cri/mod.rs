@@ -156,7 +156,7 @@ impl Judgement {
     }
 
     fn may_find_absent(&self, rec: &crate::ledger::Record) -> bool {
-        let adopted = rec.source.as_deref() == Some(crate::adopt::SOURCE_ADOPTED);
+        let adopted = rec.source == Some(crate::ledger::RecordSource::Adopted);
         match &self.adopted {
             AdoptedChains::Loaded(chains) if adopted => rec
                 .chain_digest
@@ -221,7 +221,7 @@ mod tests {
     #[test]
     fn an_adopted_record_is_found_absent_only_by_a_runtime_loading_its_chain() {
         let mut rec = sample();
-        rec.source = Some(crate::adopt::SOURCE_ADOPTED.into());
+        rec.source = Some(crate::ledger::RecordSource::Adopted);
         rec.chain_digest = Some("d1".into());
         let t = rec.created_unix().unwrap();
         let mut j = Judgement {
@@ -247,7 +247,7 @@ mod tests {
         rec.source = None;
         rec.chain_digest = None;
         assert_eq!(j.verdict(&rec), Some(Verdict::Absent));
-        rec.source = Some(crate::adopt::SOURCE_ADOPTED.into());
+        rec.source = Some(crate::ledger::RecordSource::Adopted);
         j.adopted = AdoptedChains::Any;
         assert_eq!(j.verdict(&rec), Some(Verdict::Absent));
     }

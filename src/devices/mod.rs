@@ -77,14 +77,38 @@ pub fn spec_in_chain(list: &Value, ledger_type: &str) -> Option<Spec> {
     parse_option(entry.get("returnDevices")?).ok().flatten()
 }
 
+/// What sort of device was handed back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// A network interface (a NIC, a VF).
+    Netdev,
+    /// An RDMA device.
+    Rdma,
+}
+
+impl DeviceKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceKind::Netdev => "netdev",
+            DeviceKind::Rdma => "rdma",
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A device put back into the host's namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Moved {
-    pub kind: &'static str,
+    pub kind: DeviceKind,
     pub pod_name: String,
     pub host_name: String,
     /// Why it got `host_name` (netdevs only).
-    pub source: Option<&'static str>,
+    pub source: Option<naming::Source>,
     pub bus_address: Option<String>,
 }
 
@@ -239,10 +263,10 @@ fn inside(
             Ok(()) => {
                 taken.insert(name.clone());
                 out.moved.push(Moved {
-                    kind: "netdev",
+                    kind: DeviceKind::Netdev,
                     pod_name: l.name.clone(),
                     host_name: name,
-                    source: Some(source.as_str()),
+                    source: Some(source),
                     bus_address: l.bus_address.clone(),
                 });
             }
@@ -299,7 +323,7 @@ fn return_rdma(out: &mut Outcome, host_fd: std::os::fd::RawFd) {
         let bus = bus_of(&Path::new("/sys/class/infiniband").join(&d.name));
         match rdma::move_to(&mut conn, d.index, host_fd) {
             Ok(()) => out.moved.push(Moved {
-                kind: "rdma",
+                kind: DeviceKind::Rdma,
                 host_name: d.name.clone(),
                 pod_name: d.name,
                 source: None,
@@ -343,7 +367,9 @@ pub fn at_del(ledger: &Ledger, key: &Key, netns: &str, spec: &Spec, who: &str) {
             m.pod_name,
             m.bus_address.as_deref().unwrap_or("no bus address"),
             m.host_name,
-            m.source.map(|s| format!(" (by {s})")).unwrap_or_default()
+            m.source
+                .map(|s| format!(" (by {})", s.as_str()))
+                .unwrap_or_default()
         );
     }
     if let Some(why) = &out.rdma_note {

@@ -132,7 +132,7 @@ pub fn table_row(path: &Path, note: &Result<Note, String>, now: i64) -> Vec<Stri
             STATE.into(),
             summary(n),
             crate::time::parse_rfc3339(&n.at)
-                .map(|t| crate::cli::age(now - t))
+                .map(|t| crate::time::age(now - t))
                 .unwrap_or_else(|| "-".into()),
             n.netns.clone(),
         ],
@@ -158,11 +158,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(&root).unwrap();
         let ledger = Ledger::at(&root);
-        let key = Key {
-            network: "n".into(),
-            container_id: "c".into(),
-            ifname: "eth0".into(),
-        };
+        let key = Key::new("n", "c", "eth0");
         let f = Failure {
             device: "net1".into(),
             bus_address: Some("0000:03:00.0".into()),

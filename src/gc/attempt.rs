@@ -2,13 +2,14 @@
 //! belongs to an ADD, DEL or another gc), re-read and re-judge under the lock, replay
 //! DEL, then remove the record or store the attempt with its backoff.
 
-use super::libcni_cache::CachedAttachment;
-use super::replay::{self, Invocation, PluginOutcome};
+use super::replay::{self, DelResult, Invocation, PluginOutcome, ReplayError};
 use super::{
-    backoff_secs, decide, failure_text, judge, Action, Decision, Judged, Options, RecordReport,
+    backoff_secs, decide, failure_text, judge, Action, ConfigSource, Decision, Judged, Options,
+    RecordReport,
 };
 use crate::conflist;
 use crate::ledger::{Decoded, Key, KeyLock, Ledger, Record, Snapshot, Wait};
+use crate::libcni::cache::CachedAttachment;
 use anyhow::Result;
 use serde_json::{Map, Value};
 use std::path::PathBuf;
@@ -31,7 +32,11 @@ pub(super) fn attempt(
         return RecordReport::of(seen, judged, Action::Busy);
     };
     match recheck(ledger, seen, boot, opts) {
-        Recheck::Stale(rec, judged, verified) => {
+        Recheck::Stale {
+            rec,
+            judged,
+            verified,
+        } => {
             // The namespace goes to the plugins only when its cookie, checked just now
             // under the lock, proved it the recorded one; otherwise none, so no DEL can
             // reach another pod.
@@ -60,8 +65,14 @@ fn try_lock(ledger: &Ledger, key: &Key) -> Option<KeyLock> {
 
 /// A scanned record as it is under its lock.
 enum Recheck {
-    /// Still the same record, still stale: why, and whether the namespace was verified.
-    Stale(Box<Record>, Judged, bool),
+    /// Still the same record, still stale.
+    Stale {
+        rec: Box<Record>,
+        /// Why, and which identity decided.
+        judged: Judged,
+        /// The recorded namespace was proved the recorded one just now (its cookie).
+        verified: bool,
+    },
     Live(Box<Record>),
     Gone,
     /// Replaced by another ADD's record, or unreadable now.
@@ -81,7 +92,11 @@ fn recheck(ledger: &Ledger, seen: &Record, boot: &str, opts: &Options) -> Rechec
     };
     let l = judge(&rec, boot, opts);
     match l.reason {
-        Some(reason) => Recheck::Stale(rec, (reason, l.evidence), l.verified),
+        Some(reason) => Recheck::Stale {
+            rec,
+            judged: (reason, l.evidence),
+            verified: l.verified,
+        },
         None => {
             crate::info!("gc: {key}: live on re-check; not touched");
             Recheck::Live(rec)
@@ -108,9 +123,7 @@ fn replay(
         Err(e) => {
             let outcome = PluginOutcome {
                 plugin_type: String::new(),
-                ok: false,
-                error: Some(format!("{e:#}")),
-                exit_status: None,
+                result: DelResult::Failed(ReplayError::without_exit(format!("{e:#}"))),
                 source: None,
             };
             return record_failure(ledger, rec, judged, None, vec![outcome], now, opts);
@@ -124,7 +137,7 @@ fn replay(
         netns.as_deref(),
         opts,
     );
-    if !outcomes.iter().all(|o| o.ok) {
+    if !outcomes.iter().all(PluginOutcome::ok) {
         let mut r = record_failure(ledger, rec, judged, Some(source), outcomes, now, opts);
         r.replay_netns = netns;
         return r;
@@ -138,7 +151,7 @@ fn replay(
     // libcni's entry goes while the key is still ours: once it is released, an adopt
     // that finds no record must not find the cache entry of what was just released.
     // Whatever is at its path goes, as libcni's DEL does: an unusable file too.
-    super::libcni_cache::remove_entry(&opts.cache_dir, &key);
+    crate::libcni::cache::remove_entry(&opts.cache_dir, &key);
     lock.release_and_remove();
     crate::faults::crash_point("gc.key-released");
     crate::info!("gc: {key}: replayed, record removed");
@@ -198,9 +211,9 @@ fn del_chain(
         crate::devices::at_del(ledger, &key, ns, &spec, "gc:");
     }
     for o in &outcomes {
-        match &o.error {
-            None => crate::info!("gc: {key}: {} DEL ok", o.plugin_type),
-            Some(_) => crate::warn!("gc: {key}: DEL failed: {}", failure_text(o)),
+        match &o.result {
+            DelResult::Done => crate::info!("gc: {key}: {} DEL ok", o.plugin_type),
+            DelResult::Failed(_) => crate::warn!("gc: {key}: DEL failed: {}", failure_text(o)),
         }
     }
     outcomes
@@ -223,7 +236,7 @@ fn record_failure(
     ledger: &Ledger,
     rec: &Record,
     judged: Judged,
-    source: Option<&'static str>,
+    source: Option<ConfigSource>,
     outcomes: Vec<PluginOutcome>,
     now: i64,
     opts: &Options,
@@ -234,7 +247,7 @@ fn record_failure(
     gc.last_error = Some(
         outcomes
             .iter()
-            .filter(|o| !o.ok)
+            .filter(|o| !o.ok())
             .map(failure_text)
             .collect::<Vec<_>>()
             .join("; "),
@@ -271,12 +284,12 @@ fn resolve_config(
     rec: &Record,
     cached: Option<&CachedAttachment>,
     opts: &Options,
-) -> Result<(Value, &'static str)> {
+) -> Result<(Value, ConfigSource)> {
     if let Some(list) = snapshot_config(ledger, rec)? {
-        return Ok((list, "snapshot"));
+        return Ok((list, ConfigSource::Snapshot));
     }
     if let Some(list) = cached.and_then(|c| c.config.as_ref()) {
-        return Ok((list.clone(), "cache"));
+        return Ok((list.clone(), ConfigSource::Cache));
     }
     let dir = opts
         .conf_dir
@@ -288,7 +301,7 @@ fn resolve_config(
         })
         .unwrap_or_else(|| PathBuf::from(crate::cni::config::DEFAULT_CONF_DIR));
     if let Some(found) = conflist::find(&dir, &rec.network)? {
-        return Ok((found.list, "conflist"));
+        return Ok((found.list, ConfigSource::Conflist));
     }
     anyhow::bail!(
         "no configuration for network {}: no snapshot, no libcni cache, nothing in {}",

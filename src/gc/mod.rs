@@ -5,7 +5,6 @@
 //! worker threads, and reports. The policy is in `policy`, the report in `report`.
 
 mod attempt;
-pub mod libcni_cache;
 mod policy;
 pub mod replay;
 mod report;
@@ -15,11 +14,11 @@ pub use policy::{
     BACKOFF_MAX_SECS,
 };
 pub use report::{
-    failure_text, Action, CriSummary, DamagedReport, RecordReport, Report, Summary,
+    failure_text, Action, ConfigSource, CriSummary, DamagedReport, RecordReport, Report, Summary,
     UnreadableReport,
 };
 
-use crate::ledger::{Damaged, Decoded, Entry, Ledger, Quarantine, Record};
+use crate::ledger::{Damage, Damaged, Decoded, Entry, Ledger, Quarantine, Record};
 use crate::sandbox::{self, Evidence, Reason};
 use anyhow::{Context, Result};
 use serde_json::Value;
@@ -224,7 +223,7 @@ impl Scan {
                 reason: format!("newer-format {format}: left for a newer cni-ledger"),
                 quarantined_to: None,
             }),
-            Decoded::Damaged(reason, detail) => self.damaged.push(Damaged {
+            Decoded::Damaged(Damage { reason, detail }) => self.damaged.push(Damaged {
                 stem: entry.stem,
                 path: entry.path,
                 reason,

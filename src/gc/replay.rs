@@ -29,18 +29,95 @@ pub struct Invocation<'a> {
     pub deadline: Option<std::time::Instant>,
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct PluginOutcome {
-    #[serde(rename = "type")]
-    pub plugin_type: String,
-    pub ok: bool,
-    pub error: Option<String>,
+/// Why one plugin's DEL did not succeed: its message, and its exit status when it ran
+/// to an exit (none when it was never started, or was killed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplayError {
+    pub message: String,
     pub exit_status: Option<i32>,
+}
+
+impl ReplayError {
+    /// A failure with no exit status: the plugin never ran, or was killed.
+    pub fn without_exit(message: impl Into<String>) -> ReplayError {
+        ReplayError {
+            message: message.into(),
+            exit_status: None,
+        }
+    }
+}
+
+impl std::fmt::Display for ReplayError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ReplayError {}
+
+/// What became of one plugin's DEL.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DelResult {
+    /// Exited 0.
+    Done,
+    Failed(ReplayError),
+}
+
+/// One plugin of a replayed chain and its DEL's result. Serialised as it always was:
+/// `{"type", "ok", "error", "exitStatus", "source"?}`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginOutcome {
+    /// Empty when no plugin ran (no config to replay was found).
+    pub plugin_type: String,
+    pub result: DelResult,
     /// The file the plugin's config came from (the conflist or a drop-in), when the
     /// replayed chain names it.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+}
+
+impl PluginOutcome {
+    pub fn ok(&self) -> bool {
+        self.result == DelResult::Done
+    }
+
+    /// The exit status as reported: 0 for a DEL that succeeded.
+    pub fn exit_status(&self) -> Option<i32> {
+        match &self.result {
+            DelResult::Done => Some(0),
+            DelResult::Failed(e) => e.exit_status,
+        }
+    }
+
+    pub fn error(&self) -> Option<&ReplayError> {
+        match &self.result {
+            DelResult::Done => None,
+            DelResult::Failed(e) => Some(e),
+        }
+    }
+}
+
+impl Serialize for PluginOutcome {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Wire<'a> {
+            #[serde(rename = "type")]
+            plugin_type: &'a str,
+            ok: bool,
+            error: Option<&'a str>,
+            exit_status: Option<i32>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            source: Option<&'a str>,
+        }
+        Wire {
+            plugin_type: &self.plugin_type,
+            ok: self.ok(),
+            error: self.error().map(|e| e.message.as_str()),
+            exit_status: self.exit_status(),
+            source: self.source.as_deref(),
+        }
+        .serialize(s)
+    }
 }
 
 /// Runs DEL for every plugin of `list` (a loaded chain: drop-ins included) in reverse
@@ -62,21 +139,13 @@ pub fn replay_del(list: &Value, ledger_type: &str, inv: &Invocation) -> Vec<Plug
             let config = plugin_config(plugin, inv.network, cni_version, inv.capability_args, prev);
             let result = find_plugin(&plugin_type, inv.cni_path)
                 .and_then(|bin| invoke_del(&bin, &config, inv));
-            match result {
-                Ok(()) => PluginOutcome {
-                    plugin_type,
-                    ok: true,
-                    error: None,
-                    exit_status: Some(0),
-                    source,
+            PluginOutcome {
+                plugin_type,
+                result: match result {
+                    Ok(()) => DelResult::Done,
+                    Err(e) => DelResult::Failed(e),
                 },
-                Err((msg, status)) => PluginOutcome {
-                    plugin_type,
-                    ok: false,
-                    error: Some(msg),
-                    exit_status: status,
-                    source,
-                },
+                source,
             }
         })
         .collect()
@@ -109,16 +178,15 @@ pub fn plugin_config(
 
 /// A plugin type is a bare file name found in one of the CNI_PATH directories; a type
 /// like `../../bin/sh` or `/bin/sh` is refused.
-pub fn find_plugin(plugin_type: &str, dirs: &[PathBuf]) -> Result<PathBuf, (String, Option<i32>)> {
+pub fn find_plugin(plugin_type: &str, dirs: &[PathBuf]) -> Result<PathBuf, ReplayError> {
     let bare = !plugin_type.is_empty()
         && plugin_type != "."
         && plugin_type != ".."
         && !plugin_type.contains(['/', '\0']);
     if !bare {
-        return Err((
-            format!("refusing plugin type \"{plugin_type}\": not a bare name"),
-            None,
-        ));
+        return Err(ReplayError::without_exit(format!(
+            "refusing plugin type \"{plugin_type}\": not a bare name"
+        )));
     }
     for dir in dirs.iter().filter(|d| d.is_absolute()) {
         let candidate = dir.join(plugin_type);
@@ -128,15 +196,12 @@ pub fn find_plugin(plugin_type: &str, dirs: &[PathBuf]) -> Result<PathBuf, (Stri
             }
         }
     }
-    Err((
-        format!(
-            "plugin {plugin_type} not found in CNI_PATH {}",
-            std::env::join_paths(dirs)
-                .map(|p| p.to_string_lossy().into_owned())
-                .unwrap_or_default()
-        ),
-        None,
-    ))
+    Err(ReplayError::without_exit(format!(
+        "plugin {plugin_type} not found in CNI_PATH {}",
+        std::env::join_paths(dirs)
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    )))
 }
 
 const MAX_OUTPUT: u64 = 1 << 20;
@@ -158,10 +223,12 @@ fn kill_group(pid: i32) {
     );
 }
 
-fn invoke_del(bin: &Path, config: &Value, inv: &Invocation) -> Result<(), (String, Option<i32>)> {
+fn invoke_del(bin: &Path, config: &Value, inv: &Invocation) -> Result<(), ReplayError> {
     let now = std::time::Instant::now();
     let Some(timeout) = super::capped_timeout(inv.timeout, inv.deadline, now) else {
-        return Err(("not started: the time budget ran out".into(), None));
+        return Err(ReplayError::without_exit(
+            "not started: the time budget ran out",
+        ));
     };
     let mut cmd = Command::new(bin);
     // Like libcni: the caller's environment plus the CNI variables, none inherited.
@@ -184,7 +251,7 @@ fn invoke_del(bin: &Path, config: &Value, inv: &Invocation) -> Result<(), (Strin
         .process_group(0);
     let mut child = cmd
         .spawn()
-        .map_err(|e| (format!("cannot run {}: {e}", bin.display()), None))?;
+        .map_err(|e| ReplayError::without_exit(format!("cannot run {}: {e}", bin.display())))?;
     let pid = child.id() as i32;
     let stdin = serde_json::to_vec(config).unwrap_or_default();
     // All three were set to Stdio::piped() above; spawn gives each a pipe.
@@ -193,10 +260,10 @@ fn invoke_del(bin: &Path, config: &Value, inv: &Invocation) -> Result<(), (Strin
     else {
         kill_group(pid);
         let _ = child.wait();
-        return Err((
-            format!("{} started without its stdio pipes", bin.display()),
-            None,
-        ));
+        return Err(ReplayError::without_exit(format!(
+            "{} started without its stdio pipes",
+            bin.display()
+        )));
     };
     let (tx, rx) = mpsc::channel();
     // Threads: stdin writer, two readers, and a waiter, so the timeout needs no polling.
@@ -216,12 +283,19 @@ fn invoke_del(bin: &Path, config: &Value, inv: &Invocation) -> Result<(), (Strin
         Ok(t) => t,
         Err(e) => {
             kill_group(pid);
-            return Err((format!("cannot start a thread to run it: {e}"), None));
+            return Err(ReplayError::without_exit(format!(
+                "cannot start a thread to run it: {e}"
+            )));
         }
     };
     let status = match rx.recv_timeout(timeout) {
         Ok(Ok(status)) => status,
-        Ok(Err(e)) => return Err((format!("waiting for {}: {e}", bin.display()), None)),
+        Ok(Err(e)) => {
+            return Err(ReplayError::without_exit(format!(
+                "waiting for {}: {e}",
+                bin.display()
+            )))
+        }
         Err(_) => {
             kill_group(pid);
             let _ = rx.recv();
@@ -233,7 +307,7 @@ fn invoke_del(bin: &Path, config: &Value, inv: &Invocation) -> Result<(), (Strin
             } else {
                 format!("timed out after {}s and was killed", timeout.as_secs())
             };
-            return Err((why, None));
+            return Err(ReplayError::without_exit(why));
         }
     };
     let _ = writer.join();
@@ -242,7 +316,10 @@ fn invoke_del(bin: &Path, config: &Value, inv: &Invocation) -> Result<(), (Strin
     if status.success() {
         return Ok(());
     }
-    Err((describe_failure(&stdout, &stderr), status.code()))
+    Err(ReplayError {
+        message: describe_failure(&stdout, &stderr),
+        exit_status: status.code(),
+    })
 }
 
 /// The plugin's CNI error message when it printed one, else the end of its stderr.
@@ -277,6 +354,48 @@ fn describe_failure(stdout: &[u8], stderr: &[u8]) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn outcomes_serialise_as_they_always_did() {
+        let done = PluginOutcome {
+            plugin_type: "bridge".into(),
+            result: DelResult::Done,
+            source: Some("/etc/cni/net.d/10-k8s.conflist".into()),
+        };
+        assert_eq!(
+            serde_json::to_string(&done).unwrap(),
+            r#"{"type":"bridge","ok":true,"error":null,"exitStatus":0,"source":"/etc/cni/net.d/10-k8s.conflist"}"#
+        );
+        let failed = PluginOutcome {
+            plugin_type: "portmap".into(),
+            result: DelResult::Failed(ReplayError {
+                message: "code 11: no".into(),
+                exit_status: Some(1),
+            }),
+            source: None,
+        };
+        assert_eq!(
+            serde_json::to_string(&failed).unwrap(),
+            r#"{"type":"portmap","ok":false,"error":"code 11: no","exitStatus":1}"#
+        );
+        let killed = PluginOutcome {
+            plugin_type: String::new(),
+            result: DelResult::Failed(ReplayError::without_exit("timed out")),
+            source: None,
+        };
+        assert_eq!(
+            serde_json::to_string(&killed).unwrap(),
+            r#"{"type":"","ok":false,"error":"timed out","exitStatus":null}"#
+        );
+        for (s, name) in [
+            (crate::gc::ConfigSource::Snapshot, "snapshot"),
+            (crate::gc::ConfigSource::Cache, "cache"),
+            (crate::gc::ConfigSource::Conflist, "conflist"),
+        ] {
+            assert_eq!(serde_json::to_value(s).unwrap(), json!(name));
+            assert_eq!(s.as_str(), name);
+        }
+    }
 
     #[test]
     fn runtime_config_is_the_declared_capabilities_only() {

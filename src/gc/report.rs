@@ -98,6 +98,28 @@ impl Summary {
     }
 }
 
+/// Where a replayed chain came from, in the order they are tried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConfigSource {
+    /// The ledger's snapshot of the conflist at ADD.
+    Snapshot,
+    /// libcni's cached config of the attachment.
+    Cache,
+    /// Today's conflist of that network name.
+    Conflist,
+}
+
+impl ConfigSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConfigSource::Snapshot => "snapshot",
+            ConfigSource::Cache => "cache",
+            ConfigSource::Conflist => "conflist",
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RecordReport {
@@ -111,7 +133,7 @@ pub struct RecordReport {
     /// The CNI_NETNS a replay was given: the recorded path only when its cookie proved it
     /// the recorded namespace, else none.
     pub replay_netns: Option<String>,
-    pub config_source: Option<&'static str>,
+    pub config_source: Option<ConfigSource>,
     pub plugins: Vec<PluginOutcome>,
     pub attempts: u32,
     pub last_error: Option<String>,
@@ -208,13 +230,14 @@ impl Report {
 /// One failed plugin as an operator reads it: `type (from FILE): message (exit N)`; a plugin that
 /// never ran or was killed has no exit status to show.
 pub fn failure_text(o: &PluginOutcome) -> String {
-    let msg = o.error.as_deref().unwrap_or("failed");
+    let error = o.error();
+    let msg = error.map_or("failed", |e| e.message.as_str());
     let who = match (o.plugin_type.as_str(), &o.source) {
         ("", _) => String::new(),
         (t, Some(source)) => format!("{t} (from {source}): "),
         (t, None) => format!("{t}: "),
     };
-    match o.exit_status {
+    match o.exit_status() {
         Some(s) => format!("{who}{msg} (exit {s})"),
         None => format!("{who}{msg}"),
     }

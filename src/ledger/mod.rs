@@ -24,7 +24,7 @@ use std::sync::PoisonError;
 
 pub use lock::{KeyLock, SnapshotGuard, Wait};
 pub use quarantine::{Damaged, Quarantine};
-pub use record::{Decoded, Key, Record};
+pub use record::{Damage, DamageReason, Decoded, Key, Record, RecordSource};
 
 /// Threads for a scan: the work is syscalls on cached files, so a few cores suffice.
 pub fn scan_jobs() -> usize {
@@ -149,10 +149,12 @@ impl Ledger {
         match read {
             Ok(bytes) => Ok(Some(check_name(stem, record::decode(&bytes)))),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => Ok(Some(Decoded::Damaged(
-                "symlink",
-                "a symlink stands in place of a record".into(),
-            ))),
+            Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
+                Ok(Some(Decoded::Damaged(Damage::new(
+                    DamageReason::Symlink,
+                    "a symlink stands in place of a record",
+                ))))
+            }
             Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
         }
     }
@@ -249,14 +251,20 @@ impl Ledger {
             return Some(Entry {
                 stem: name.clone(),
                 path,
-                decoded: Decoded::Damaged("foreign-file", "not a record file name".into()),
+                decoded: Decoded::Damaged(Damage::new(
+                    DamageReason::ForeignFile,
+                    "not a record file name",
+                )),
             });
         };
         let decoded = match item.file_type() {
-            Ok(t) if t.is_symlink() => {
-                Decoded::Damaged("symlink", "a symlink stands in place of a record".into())
+            Ok(t) if t.is_symlink() => Decoded::Damaged(Damage::new(
+                DamageReason::Symlink,
+                "a symlink stands in place of a record",
+            )),
+            Ok(t) if !t.is_file() => {
+                Decoded::Damaged(Damage::new(DamageReason::NotAFile, "not a regular file"))
             }
-            Ok(t) if !t.is_file() => Decoded::Damaged("not-a-file", "not a regular file".into()),
             _ => match crate::faults::read_error(&name).map_or_else(
                 || fsio::read_listed_file(dir, &item.file_name(), MAX_RECORD),
                 Err,
@@ -264,7 +272,10 @@ impl Ledger {
                 Ok(bytes) => check_name(stem, record::decode(&bytes)),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => return None, // removed since listed
                 Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
-                    Decoded::Damaged("symlink", "a symlink stands in place of a record".into())
+                    Decoded::Damaged(Damage::new(
+                        DamageReason::Symlink,
+                        "a symlink stands in place of a record",
+                    ))
                 }
                 // The read failed, not the content: left where it is for the next run.
                 Err(e) => Decoded::Unreadable(e.to_string()),
@@ -439,10 +450,10 @@ impl Ledger {
 /// A record stored under another key's name is not trusted either.
 fn check_name(stem: &str, decoded: Decoded) -> Decoded {
     match decoded {
-        Decoded::Ok(r) if r.key().stem() != stem => Decoded::Damaged(
-            "misnamed",
+        Decoded::Ok(r) if r.key().stem() != stem => Decoded::Damaged(Damage::new(
+            DamageReason::Misnamed,
             format!("file {stem} holds the record of {}", r.key()),
-        ),
+        )),
         other => other,
     }
 }
@@ -481,7 +492,10 @@ mod tests {
         std::fs::write(l.record_path("other:id:eth0"), record::encode(&r)).unwrap();
         assert!(matches!(
             l.read("other:id:eth0").unwrap(),
-            Some(Decoded::Damaged("misnamed", _))
+            Some(Decoded::Damaged(Damage {
+                reason: DamageReason::Misnamed,
+                ..
+            }))
         ));
         let mut seen = 0;
         l.for_each(|e| {

@@ -2,7 +2,7 @@
 //! acted on and never deleted; it is moved aside here, the one way the ledger parts
 //! with one, and every mover (gc, list, DEL, a snapshot's writer) goes through this file.
 
-use super::{fsio, mkdir_private, Decoded, KeyLock, Ledger, Wait};
+use super::{fsio, mkdir_private, DamageReason, Decoded, KeyLock, Ledger, Wait};
 use anyhow::{Context, Result};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -14,8 +14,7 @@ pub struct Damaged {
     /// The key's file stem the file stands under (its name, for a foreign file).
     pub stem: String,
     pub path: PathBuf,
-    /// A short word (`Decoded::Damaged`'s).
-    pub reason: &'static str,
+    pub reason: DamageReason,
     pub detail: String,
 }
 
@@ -151,7 +150,7 @@ mod tests {
         let d = Damaged {
             stem: stem.clone(),
             path: l.record_path(&stem),
-            reason: "undecodable",
+            reason: DamageReason::Undecodable,
             detail: "test".into(),
         };
         std::fs::write(&d.path, b"{").unwrap();

@@ -23,6 +23,18 @@ pub struct Key {
 }
 
 impl Key {
+    pub fn new(
+        network: impl Into<String>,
+        container_id: impl Into<String>,
+        ifname: impl Into<String>,
+    ) -> Key {
+        Key {
+            network: network.into(),
+            container_id: container_id.into(),
+            ifname: ifname.into(),
+        }
+    }
+
     /// File stem: readable `net:cid:ifname` (`:` cannot occur in any part), or a hash
     /// when that would exceed what a file name can hold.
     pub fn stem(&self) -> String {
@@ -38,6 +50,50 @@ impl Key {
 impl std::fmt::Display for Key {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}/{}", self.network, self.container_id, self.ifname)
+    }
+}
+
+/// Who made a record, when not the plugin's ADD (those carry no source). Stored as its
+/// name; a name this binary does not know decodes as `Other`, so a record a newer binary
+/// wrote is still read, never taken for damage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum RecordSource {
+    /// `adopted`: made by `cni-ledger adopt` from libcni's cache.
+    Adopted,
+    Other(String),
+}
+
+impl RecordSource {
+    pub fn as_str(&self) -> &str {
+        match self {
+            RecordSource::Adopted => "adopted",
+            RecordSource::Other(s) => s,
+        }
+    }
+}
+
+impl From<String> for RecordSource {
+    fn from(s: String) -> RecordSource {
+        match s.as_str() {
+            "adopted" => RecordSource::Adopted,
+            _ => RecordSource::Other(s),
+        }
+    }
+}
+
+impl From<RecordSource> for String {
+    fn from(s: RecordSource) -> String {
+        match s {
+            RecordSource::Other(s) => s,
+            known => known.as_str().to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for RecordSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -82,7 +138,7 @@ pub struct Record {
     pub gc: Option<GcState>,
     /// `adopted` for a record `cni-ledger adopt` made from libcni's cache; none for ADD's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source: Option<String>,
+    pub source: Option<RecordSource>,
     /// The libcni cache file an adopted record came from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_file: Option<String>,
@@ -94,11 +150,7 @@ pub struct Record {
 
 impl Record {
     pub fn key(&self) -> Key {
-        Key {
-            network: self.network.clone(),
-            container_id: self.container_id.clone(),
-            ifname: self.ifname.clone(),
-        }
+        Key::new(&self.network, &self.container_id, &self.ifname)
     }
 
     pub fn created_unix(&self) -> Option<i64> {
@@ -139,11 +191,66 @@ pub fn encode(record: &Record) -> Vec<u8> {
     .into_bytes()
 }
 
+/// Why a record file is damaged; shown as a short word (`checksum-mismatch`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DamageReason {
+    /// Not the JSON envelope of a record.
+    Undecodable,
+    /// The hash does not cover the bytes stored.
+    ChecksumMismatch,
+    /// Hashed right, but not a record this binary can read.
+    InvalidRecord,
+    /// The file holds another key's record.
+    Misnamed,
+    /// A symlink stands in place of a record.
+    Symlink,
+    /// In `records/` without a record file's name.
+    ForeignFile,
+    /// Not a regular file.
+    NotAFile,
+}
+
+impl DamageReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DamageReason::Undecodable => "undecodable",
+            DamageReason::ChecksumMismatch => "checksum-mismatch",
+            DamageReason::InvalidRecord => "invalid-record",
+            DamageReason::Misnamed => "misnamed",
+            DamageReason::Symlink => "symlink",
+            DamageReason::ForeignFile => "foreign-file",
+            DamageReason::NotAFile => "not-a-file",
+        }
+    }
+}
+
+impl std::fmt::Display for DamageReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What is wrong with a damaged record file: the reason, and the detail found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damage {
+    pub reason: DamageReason,
+    pub detail: String,
+}
+
+impl Damage {
+    pub fn new(reason: DamageReason, detail: impl Into<String>) -> Damage {
+        Damage {
+            reason,
+            detail: detail.into(),
+        }
+    }
+}
+
 #[derive(Debug)]
 pub enum Decoded {
     Ok(Box<Record>),
-    /// Not to be acted on, to be quarantined; the reason is a short word.
-    Damaged(&'static str, String),
+    /// Not to be acted on, to be quarantined.
+    Damaged(Damage),
     /// Written by a newer binary: neither acted on nor quarantined.
     Newer(u32),
     /// Could not be read just now (EIO, ENOMEM, EMFILE, ...): nothing is known of its
@@ -163,18 +270,21 @@ struct Envelope<'a> {
 pub fn decode(bytes: &[u8]) -> Decoded {
     let env: Envelope = match serde_json::from_slice(bytes) {
         Ok(e) => e,
-        Err(e) => return Decoded::Damaged("undecodable", e.to_string()),
+        Err(e) => return Decoded::Damaged(Damage::new(DamageReason::Undecodable, e.to_string())),
     };
     if env.format > FORMAT {
         return Decoded::Newer(env.format);
     }
     let body = env.record.get();
     if sha256_hex(body.as_bytes()) != env.sha256 {
-        return Decoded::Damaged("checksum-mismatch", "sha256 does not match content".into());
+        return Decoded::Damaged(Damage::new(
+            DamageReason::ChecksumMismatch,
+            "sha256 does not match content",
+        ));
     }
     match serde_json::from_str::<Record>(body) {
         Ok(r) => Decoded::Ok(Box::new(r)),
-        Err(e) => Decoded::Damaged("invalid-record", e.to_string()),
+        Err(e) => Decoded::Damaged(Damage::new(DamageReason::InvalidRecord, e.to_string())),
     }
 }
 
@@ -212,6 +322,22 @@ pub(crate) fn sample() -> Record {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_source_is_stored_as_its_name_and_an_unknown_one_still_decodes() {
+        let mut r = sample();
+        r.source = Some(RecordSource::Adopted);
+        let bytes = encode(&r);
+        assert!(String::from_utf8_lossy(&bytes).contains(r#""source":"adopted""#));
+        assert!(matches!(decode(&bytes), Decoded::Ok(d) if *d == r));
+        r.source = Some(RecordSource::Other("imported-by-v9".into()));
+        let bytes = encode(&r);
+        assert!(String::from_utf8_lossy(&bytes).contains(r#""source":"imported-by-v9""#));
+        match decode(&bytes) {
+            Decoded::Ok(d) => assert_eq!(d.source, r.source),
+            other => panic!("a record of unknown source is not damaged: {other:?}"),
+        }
+    }
 
     #[test]
     fn round_trip_and_every_single_byte_flip_is_caught() {

@@ -41,11 +41,7 @@ fn conf_dir(conf: &NetConf) -> PathBuf {
 
 fn record(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
     let ledger = Ledger::open_for_write(&conf.ledger_dir).map_err(ledger_error)?;
-    let key = Key {
-        network: conf.name.clone(),
-        container_id: args.container_id.clone(),
-        ifname: args.ifname.clone(),
-    };
+    let key = Key::new(&conf.name, &args.container_id, &args.ifname);
     let stem = key.stem();
     let wait = Wait::Upto(Duration::from_millis(conf.lock_timeout_ms));
     let _lock = ledger

@@ -5,20 +5,12 @@ use super::{busy, ledger_error};
 use crate::cni::config::NetConf;
 use crate::cni::env::CmdArgs;
 use crate::cni::error::{self, CniError};
-use crate::ledger::{Damaged, Decoded, Key, Ledger, Wait};
+use crate::ledger::{Damage, Damaged, Decoded, Key, Ledger, Wait};
 use std::time::Duration;
-
-fn key(conf: &NetConf, args: &CmdArgs) -> Key {
-    Key {
-        network: conf.name.clone(),
-        container_id: args.container_id.clone(),
-        ifname: args.ifname.clone(),
-    }
-}
 
 pub fn del(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
     let ledger = Ledger::at(&conf.ledger_dir);
-    let key = key(conf, args);
+    let key = Key::new(&conf.name, &args.container_id, &args.ifname);
     match std::fs::metadata(ledger.records_dir()) {
         Ok(m) if m.is_dir() => {}
         Ok(_) => {
@@ -84,7 +76,7 @@ pub fn del(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
                 return Ok(());
             }
         },
-        Some(Decoded::Damaged(reason, detail)) => {
+        Some(Decoded::Damaged(Damage { reason, detail })) => {
             // The runtime tore the attachment down, but a damaged file is never dropped
             // unseen: it goes to quarantine for an operator to look at.
             let damaged = Damaged {
@@ -122,13 +114,13 @@ fn unreachable_ledger(key: &Key, ledger: &Ledger, why: &str) {
 }
 
 pub fn check(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
-    let key = key(conf, args);
+    let key = Key::new(&conf.name, &args.container_id, &args.ifname);
     match Ledger::at(&conf.ledger_dir)
         .read(&key.stem())
         .map_err(ledger_error)?
     {
         Some(Decoded::Ok(_)) => Ok(()),
-        Some(Decoded::Damaged(reason, _)) => Err(CniError::new(
+        Some(Decoded::Damaged(Damage { reason, .. })) => Err(CniError::new(
             error::IO_FAILURE,
             format!("ledger record is damaged ({reason})"),
             key.to_string(),

@@ -84,7 +84,7 @@ fn why_left(r: &RecordReport) -> Option<String> {
         Action::Retrying | Action::Failed => r
             .plugins
             .iter()
-            .filter(|p| !p.ok)
+            .filter(|p| !p.ok())
             .map(gc::failure_text)
             .collect::<Vec<_>>()
             .join(", "),
@@ -126,7 +126,8 @@ fn valid_list(stdin: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gc::replay::PluginOutcome;
+    use crate::gc::replay::{DelResult, PluginOutcome, ReplayError};
+    use crate::gc::ConfigSource;
 
     fn rec(cid: &str, action: Action, plugins: Vec<PluginOutcome>) -> RecordReport {
         RecordReport {
@@ -137,7 +138,7 @@ mod tests {
             identity: crate::sandbox::Evidence::ValidList,
             action,
             replay_netns: None,
-            config_source: Some("snapshot"),
+            config_source: Some(ConfigSource::Snapshot),
             plugins,
             attempts: 1,
             last_error: None,
@@ -149,16 +150,15 @@ mod tests {
     fn error_names_each_uncleaned_attachment_once() {
         let failing = PluginOutcome {
             plugin_type: "cl-probe".into(),
-            ok: false,
-            error: Some("cl-probe refuses DEL".into()),
-            exit_status: Some(1),
+            result: DelResult::Failed(ReplayError {
+                message: "cl-probe refuses DEL".into(),
+                exit_status: Some(1),
+            }),
             source: None,
         };
         let ok = PluginOutcome {
             plugin_type: "bridge".into(),
-            ok: true,
-            error: None,
-            exit_status: Some(0),
+            result: DelResult::Done,
             source: None,
         };
         let report = Report {

@@ -1,5 +1,5 @@
-//! The agent's metrics, in the Prometheus text format (0.0.4), the same names for
-//! `/metrics` and for `gc --metrics-file` (node_exporter's textfile collector reads that
+//! The node's metrics: what the agent serves on `/metrics` and what `gc --metrics-file`
+//! writes, with the same names, in the Prometheus text format (0.0.4) (node_exporter's textfile collector reads that
 //! format). Built on the `prometheus` crate's registry and text encoder.
 
 use crate::gc::{Action, Report};

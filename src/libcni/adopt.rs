@@ -5,7 +5,7 @@
 //! Liveness errs towards live, as everywhere: with a cached netns path (libcni 1.2 on),
 //! the namespace found there now is the record's identity, and nothing there makes it
 //! stale (`netns-missing`), whatever the file's date; without one, a cache file last
-//! written before this boot began (by the earliest reading of that, `boot_began`: the
+//! written before this boot began (by the earliest reading of that, `time::boot_began`: the
 //! clock may have been stepped since) is from an earlier boot (`boot-changed`);
 //! otherwise the record is live until the runtime's valid set says otherwise. An
 //! existing record is never touched.
@@ -15,9 +15,9 @@
 //! "released" by the next gc (containerd's own `cni-loopback` beside the pod network).
 //! What is left out is reported.
 
+use super::cache::{self, CacheEntry};
 use crate::cni::config::DEFAULT_PLUGIN_TYPE;
-use crate::gc::libcni_cache::{self, CacheEntry};
-use crate::ledger::{Decoded, Key, Ledger, Record, Wait};
+use crate::ledger::{Decoded, Key, Ledger, Record, RecordSource, Wait};
 use crate::sandbox::{self, Probe};
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -25,8 +25,6 @@ use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-pub const SOURCE_ADOPTED: &str = "adopted";
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -131,57 +129,13 @@ pub struct Report {
     pub unusable: Vec<Unusable>,
 }
 
-/// When the current boot began (Unix seconds), from `btime` in /proc/stat: the clock
-/// now less the time since boot, so a step of the clock moves it too.
-pub fn boot_time() -> Result<i64> {
-    if let Some(t) = crate::faults::btime_override() {
-        return Ok(t);
-    }
-    let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
-    stat.lines()
-        .find_map(|l| l.strip_prefix("btime "))
-        .and_then(|v| v.trim().parse().ok())
-        .context("no btime in /proc/stat")
-}
-
-/// Directories whose filesystem is made anew at every boot (devtmpfs by the kernel
-/// itself, tmpfs by early boot), so their birth time is a reading of the clock as the
-/// boot began.
-const BOOT_FRESH_DIRS: &[&str] = &["/dev", "/run"];
-
-/// The earliest this boot can have begun (Unix seconds), for judging a cache file by its
-/// date. `btime` alone moves with the clock: stepped forward after boot (a first NTP
-/// sync on a node without a good RTC, a VM resumed from a snapshot), it would pass the
-/// files this boot wrote before the step and make their pods "from an earlier boot".
-/// The births of /dev and /run were stamped by the clock as it was then; the earliest
-/// of all is taken. Each can only move the line back, towards "this boot" (live).
-pub fn boot_began() -> Result<i64> {
-    let btime = boot_time()?;
-    Ok(BOOT_FRESH_DIRS
-        .iter()
-        .filter_map(|d| born_this_boot(d))
-        .fold(btime, i64::min))
-}
-
-/// The birth time of `dir`, when it is the root of a tmpfs (devtmpfs is one too) and
-/// the kernel keeps birth times there: a /dev on disk was born at install, not at boot.
-fn born_this_boot(dir: &str) -> Option<i64> {
-    let fs = nix::sys::statfs::statfs(dir).ok()?;
-    if fs.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC {
-        return None;
-    }
-    let born = std::fs::metadata(dir).ok()?.created().ok()?;
-    let secs = born.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs();
-    i64::try_from(secs).ok().filter(|&s| s > 0)
-}
-
 pub fn run(opts: &Options) -> Result<Report> {
     let mut report = Report {
         dry_run: opts.dry_run,
         networks: opts.networks.iter().cloned().collect(),
         ..Report::default()
     };
-    let files = libcni_cache::result_files(&opts.cache_dir)
+    let files = cache::result_files(&opts.cache_dir)
         .with_context(|| format!("listing {}", opts.cache_dir.join("results").display()))?;
     let ledger = if opts.dry_run {
         Ledger::at(&opts.ledger_dir)
@@ -192,10 +146,10 @@ pub fn run(opts: &Options) -> Result<Report> {
         ledger.check_trusted()?;
     }
     let boot = sandbox::boot_id().context("reading the boot ID")?;
-    let booted_at = boot_began()?;
+    let booted_at = crate::time::boot_began()?;
     let mut recorded = None;
     for path in files {
-        let entry = match libcni_cache::read_entry(&path) {
+        let entry = match cache::read_entry(&path) {
             Ok(e) if opts.networks.contains(&e.network) => e,
             Ok(e) => {
                 report.left_out.push(LeftOut {
@@ -228,11 +182,7 @@ pub fn run(opts: &Options) -> Result<Report> {
                 continue;
             }
         };
-        let key = Key {
-            network: entry.network.clone(),
-            container_id: entry.container_id.clone(),
-            ifname: entry.ifname.clone(),
-        };
+        let key = Key::new(&entry.network, &entry.container_id, &entry.ifname);
         if ledger.read(&key.stem())?.is_some() {
             report.already_recorded += 1;
             continue;
@@ -524,7 +474,7 @@ pub fn record_for(entry: &CacheEntry, boot: &str, booted_at: i64, cni_path: &str
         created_boot_secs: None,
         add_id: format!("adopted-{:x}-{:x}", entry.written_at, std::process::id()),
         gc: None,
-        source: Some(SOURCE_ADOPTED.into()),
+        source: Some(RecordSource::Adopted),
         cache_file: Some(entry.path.display().to_string()),
         chain_digest: crate::conflist::parse(&entry.config_bytes)
             .map(|list| crate::conflist::chain_digest(&list, DEFAULT_PLUGIN_TYPE)),
@@ -612,7 +562,7 @@ mod tests {
             "/opt/cni/bin",
         );
         assert_eq!(judged(&gone), Some("netns-missing"));
-        assert_eq!(gone.source.as_deref(), Some("adopted"));
+        assert_eq!(gone.source, Some(RecordSource::Adopted));
         assert_eq!(
             gone.cache_file.as_deref(),
             Some("/var/lib/cni/results/pods-abc-eth0")
@@ -627,11 +577,7 @@ mod tests {
         let ledger = Ledger::open_for_write(&root).unwrap();
         // The entry as listed, then released by a gc before adopt took the key.
         let e = entry("", 100);
-        let key = Key {
-            network: e.network.clone(),
-            container_id: e.container_id.clone(),
-            ifname: e.ifname.clone(),
-        };
+        let key = Key::new(&e.network, &e.container_id, &e.ifname);
         let rec = record_for(&e, "b", 100, "/opt/cni/bin");
         assert!(!e.path.exists());
         assert_eq!(create(&ledger, &key, &rec, &e).unwrap(), AdoptAction::Gone);
@@ -691,13 +637,5 @@ mod tests {
         assert!(in_scope("/r/a-b-c-eth0"));
         assert!(!in_scope("/r/cni-loopback-abc-lo"));
         assert!(!in_scope("/r/podsx-abc-eth0"));
-    }
-
-    #[test]
-    fn boot_time_is_in_the_past() {
-        let t = boot_time().unwrap();
-        assert!(t > 0 && t <= crate::time::now());
-        let began = boot_began().unwrap();
-        assert!(began > 0 && began <= t);
     }
 }

@@ -1,0 +1,515 @@
+//! Keeping one chosen conflist with the ledger first, a file at a time: read, plan,
+//! write only what is unchanged since the read, read back. A `.conf` holding a single
+//! plugin is converted to a `.conflist`; a symbolic link is read through, never written;
+//! a writer that keeps reverting the file is backed off from (`fight`).
+
+use super::fight::{Fight, Verdict};
+use super::{Options, Shared};
+use crate::injection::{self, EntryOptions};
+use anyhow::Context;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// How many times one pass starts over on a file another writer keeps changing between
+/// the agent's read and its write; past that, that writer's next event brings a pass.
+const RESTARTS: usize = 5;
+
+#[derive(Default)]
+pub struct FileState {
+    /// The bytes as the agent last verified them injected; None while it is not ours.
+    ours: Option<Vec<u8>>,
+    /// The document the agent left there (for telling what another writer changed).
+    ours_doc: Option<Value>,
+    ours_ino: Option<u64>,
+    /// A single-plugin `.conf` the agent converted into a `.conflist`.
+    converted: bool,
+    pub fight: Fight,
+    pub error: Option<String>,
+}
+
+/// What one file's pass came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileOutcome {
+    /// The file that now holds the network (a converted `.conf` becomes a `.conflist`).
+    pub file: PathBuf,
+    /// The ledger is verified first in its chain.
+    pub injected: bool,
+    /// Anything was written.
+    pub wrote: bool,
+    /// The network's name, when the file could be read.
+    pub network: Option<String>,
+}
+
+impl FileOutcome {
+    fn new(file: PathBuf, injected: bool, wrote: bool, network: Option<String>) -> FileOutcome {
+        FileOutcome {
+            file,
+            injected,
+            wrote,
+            network,
+        }
+    }
+}
+
+/// The chosen files as the agent last left them.
+pub struct Conflists<'a> {
+    opts: &'a Options,
+    shared: &'a Shared,
+    files: BTreeMap<PathBuf, FileState>,
+    entry_ledger: Option<PathBuf>,
+    entry_conf: Option<PathBuf>,
+}
+
+fn types(doc: &Value) -> String {
+    let t: Vec<&str> = crate::conflist::plugins(doc)
+        .iter()
+        .map(crate::conflist::plugin_type)
+        .collect();
+    format!("[{}]", t.join(", "))
+}
+
+/// One line saying what another writer changed in a file the agent had injected.
+fn describe_change(ours: Option<&Value>, theirs: &Value, replaced: bool) -> String {
+    let mut parts = vec![format!("plugins now {}", types(theirs))];
+    if let (Some(o), Some(t)) = (ours.and_then(Value::as_object), theirs.as_object()) {
+        let mut keys: Vec<&str> = o
+            .keys()
+            .chain(t.keys())
+            .map(String::as_str)
+            .filter(|k| *k != "plugins" && o.get(*k) != t.get(*k))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        if !keys.is_empty() {
+            parts.push(format!("also changed: {}", keys.join(", ")));
+        }
+        let theirs_others: Vec<&Value> = crate::conflist::plugins(theirs).iter().collect();
+        let ours_others: Vec<&Value> = crate::conflist::plugins(ours.unwrap_or(&Value::Null))
+            .iter()
+            .skip(1)
+            .collect();
+        if theirs_others != ours_others && !theirs_others.is_empty() {
+            parts.push("the other plugins' entries differ too".into());
+        }
+    }
+    parts.push(if replaced {
+        "replaced by rename (a new file)".into()
+    } else {
+        "written in place".into()
+    });
+    parts.join("; ")
+}
+
+impl<'a> Conflists<'a> {
+    pub fn new(opts: &'a Options, shared: &'a Shared) -> Conflists<'a> {
+        let (entry_ledger, entry_conf) = super::entry_dirs(opts);
+        Conflists {
+            opts,
+            shared,
+            files: BTreeMap::new(),
+            entry_ledger,
+            entry_conf,
+        }
+    }
+
+    /// The state of a file a pass has seen.
+    pub fn state(&self, file: &Path) -> Option<&FileState> {
+        self.files.get(file)
+    }
+
+    /// Brings one chosen file into shape.
+    pub fn one(&mut self, path: &Path, now: Instant) -> FileOutcome {
+        for _ in 0..RESTARTS {
+            if let Some(done) = self.attempt(path, now) {
+                return done;
+            }
+        }
+        let st = self.files.entry(path.to_path_buf()).or_default();
+        st.error = Some(
+            "another writer kept changing it while the ledger was being put in; \
+             trying again at its next change"
+                .into(),
+        );
+        FileOutcome::new(path.to_path_buf(), false, false, None)
+    }
+
+    /// One read-plan-write of `path`; None when another writer changed the file between
+    /// the read and the write (nothing of theirs was replaced): start over.
+    fn attempt(&mut self, path: &Path, now: Instant) -> Option<FileOutcome> {
+        if let Some(target) = injection::symlink_target(path) {
+            return Some(self.linked(path, &target));
+        }
+        let read = match injection::read_for_edit(path) {
+            Ok(r) => r,
+            Err(e) => {
+                let st = self.files.entry(path.to_path_buf()).or_default();
+                st.error = Some(format!("{e:#}"));
+                return Some(FileOutcome::new(path.to_path_buf(), false, false, None));
+            }
+        };
+        let bytes = read.bytes.clone();
+        let ino = Some(read.ino());
+        {
+            let st = self.files.entry(path.to_path_buf()).or_default();
+            if st.ours.as_deref() == Some(&bytes[..]) {
+                if st.fight.settle(now) {
+                    crate::info!(
+                        "agent: {}: quiet again; the fight with another writer is over",
+                        path.display()
+                    );
+                }
+                let net = st
+                    .ours_doc
+                    .as_ref()
+                    .and_then(|d| d["name"].as_str().map(String::from));
+                return Some(FileOutcome::new(path.to_path_buf(), true, false, net));
+            }
+        }
+        let doc: Value = match serde_json::from_slice(&bytes) {
+            Ok(d) => d,
+            Err(e) => {
+                let st = self.files.entry(path.to_path_buf()).or_default();
+                st.error = Some(format!("not JSON: {e}"));
+                return Some(FileOutcome::new(path.to_path_buf(), false, false, None));
+            }
+        };
+        let net = doc["name"].as_str().map(String::from);
+        if let Some(list) = injection::conflist_from_conf(&doc) {
+            return self.convert(path, &read, &list, now, net);
+        }
+        let entry = EntryOptions {
+            ledger_dir: self.entry_ledger.as_deref(),
+            conf_dir: self.entry_conf.as_deref(),
+        };
+        let planned = match injection::plan(path, &bytes, &self.opts.plugin_type, &entry, false) {
+            Ok(p) => p,
+            Err(e) => {
+                let st = self.files.entry(path.to_path_buf()).or_default();
+                st.error = Some(format!("{e:#}"));
+                return Some(FileOutcome::new(path.to_path_buf(), false, false, net));
+            }
+        };
+        let st = self.files.entry(path.to_path_buf()).or_default();
+        if !planned.changed {
+            st.ours = Some(bytes);
+            st.ours_doc = Some(planned.doc);
+            st.ours_ino = ino;
+            st.error = None;
+            return Some(FileOutcome::new(path.to_path_buf(), true, false, net));
+        }
+        if st.ours.is_some() {
+            let replaced = ino != st.ours_ino;
+            let what = describe_change(st.ours_doc.as_ref(), &planned.doc, replaced);
+            if !Self::on_revert(self.shared, path, st, &what, now) {
+                return Some(FileOutcome::new(path.to_path_buf(), false, false, net));
+            }
+            // Not ours any more: starting over within this pass is not another revert.
+            st.ours = None;
+        }
+        if st.fight.waiting_until(now).is_some() {
+            return Some(FileOutcome::new(path.to_path_buf(), false, false, net));
+        }
+        let ok = write_verified(
+            path,
+            &read,
+            &planned.text,
+            &self.opts.plugin_type,
+            &entry,
+            st,
+            self.shared,
+        )?;
+        Some(FileOutcome::new(path.to_path_buf(), ok, true, net))
+    }
+
+    /// A chosen file that is a symbolic link: read through it, never written (see
+    /// `injection::symlink_target`). Verified injected when the target already has the
+    /// ledger first, else shown in `/readyz` with what to do.
+    fn linked(&mut self, path: &Path, target: &Path) -> FileOutcome {
+        let entry = EntryOptions {
+            ledger_dir: self.entry_ledger.as_deref(),
+            conf_dir: self.entry_conf.as_deref(),
+        };
+        let planned = std::fs::read(path)
+            .with_context(|| format!("reading {} through the link", path.display()))
+            .and_then(|b| injection::plan(path, &b, &self.opts.plugin_type, &entry, false));
+        let net = planned
+            .as_ref()
+            .ok()
+            .and_then(|p| p.doc["name"].as_str().map(String::from));
+        let st = self.files.entry(path.to_path_buf()).or_default();
+        // Not the agent's to keep: a later regular file here starts afresh.
+        st.ours = None;
+        st.ours_doc = None;
+        st.ours_ino = None;
+        let error = match planned {
+            Ok(p) if !p.changed => None,
+            Ok(_) | Err(_) => Some(format!(
+                "a symbolic link to {}: left as it is, without the ledger (the agent neither \
+                 replaces a link with a regular file nor writes into its target, which \
+                 belongs to whatever manages it, e.g. a ConfigMap's ..data/); put {} first \
+                 in the target's source, or choose a regular file with --conflist",
+                target.display(),
+                self.opts.plugin_type
+            )),
+        };
+        if error.is_some() && st.error != error {
+            crate::warn!(
+                "agent: {}: {}",
+                path.display(),
+                error.as_deref().unwrap_or_default()
+            );
+        }
+        st.error = error;
+        FileOutcome::new(path.to_path_buf(), st.error.is_none(), false, net)
+    }
+
+    /// Counts a revert; false when the re-injection must wait (a fight).
+    fn on_revert(
+        shared: &Shared,
+        path: &Path,
+        st: &mut FileState,
+        what: &str,
+        now: Instant,
+    ) -> bool {
+        let label = path.display().to_string();
+        shared.metrics.reverts.with_label_values(&[&label]).inc();
+        match st.fight.on_revert(now) {
+            Verdict::Now => {
+                crate::info!(
+                    "agent: {}: another writer took the ledger out ({what}); injecting again",
+                    path.display()
+                );
+                true
+            }
+            Verdict::Backoff { wait, started } => {
+                // Not ours until re-injected: changes meanwhile are not further reverts.
+                st.ours = None;
+                if started {
+                    crate::warn!(
+                        "agent: {}: another writer reverted it {} times within {} min ({what}); \
+                         backing off, {}s doubling up to {} min, instead of fighting. Find that \
+                         writer (a network plugin's installer regenerating its conflist from a \
+                         template, e.g. calico-node's install-cni, Cilium or Multus on restart) \
+                         and put cni-ledger in its template, or choose another file with --conflist",
+                        path.display(),
+                        super::fight::LIMIT + 1,
+                        super::fight::WINDOW.as_secs() / 60,
+                        wait.as_secs(),
+                        super::fight::MAX_BACKOFF.as_secs() / 60,
+                    );
+                } else {
+                    crate::info!(
+                        "agent: {}: reverted again ({what}); next injection in {}s",
+                        path.display(),
+                        wait.as_secs()
+                    );
+                }
+                false
+            }
+        }
+    }
+
+    /// A single-plugin `.conf` becomes `<stem>.conflist` with the ledger first (written
+    /// before the `.conf` is moved aside, so the runtime always finds a network), and
+    /// the `.conf` is renamed to `<name>.cni-ledger-converted`, an ending runtimes ignore.
+    fn convert(
+        &mut self,
+        path: &Path,
+        read: &injection::ReadConf,
+        list: &Value,
+        now: Instant,
+        net: Option<String>,
+    ) -> Option<FileOutcome> {
+        let ino = Some(read.ino());
+        let target = path.with_extension("conflist");
+        let aside = path.with_file_name(format!(
+            "{}.cni-ledger-converted",
+            path.file_name().unwrap_or_default().to_string_lossy()
+        ));
+        let entry = EntryOptions {
+            ledger_dir: self.entry_ledger.as_deref(),
+            conf_dir: self.entry_conf.as_deref(),
+        };
+        let st = self.files.entry(path.to_path_buf()).or_default();
+        if st.converted {
+            let what = describe_change(None, list, ino != st.ours_ino);
+            if !Self::on_revert(
+                self.shared,
+                path,
+                st,
+                &format!("the single-plugin file is back; {what}"),
+                now,
+            ) {
+                st.converted = true;
+                return Some(FileOutcome::new(path.to_path_buf(), false, false, net));
+            }
+        }
+        if st.fight.waiting_until(now).is_some() {
+            return Some(FileOutcome::new(path.to_path_buf(), false, false, net));
+        }
+        let result = (|| -> anyhow::Result<Option<String>> {
+            let new = injection::transform(list, &self.opts.plugin_type, &entry, false)?;
+            let mut text = serde_json::to_string_pretty(&new)?;
+            text.push('\n');
+            // Converting an older version than the one there now would lose the newer.
+            if let Some(why) = injection::changed_since(path, read) {
+                crate::info!(
+                    "agent: {}: {why} after it was read; reading it again",
+                    path.display()
+                );
+                return Ok(None);
+            }
+            let made = match std::fs::read(&target) {
+                Ok(b) if b == text.as_bytes() => None,
+                Ok(_) => anyhow::bail!(
+                    "cannot convert this single-plugin file: {} exists already",
+                    target.display()
+                ),
+                Err(_) => Some(write_new(&target, read, text.as_bytes())?),
+            };
+            std::fs::rename(path, &aside)
+                .with_context(|| format!("renaming {} aside", path.display()))?;
+            if !injection::is_what_was_read(&aside, read) {
+                // A newer .conf landed between the check and the move: it goes back (unless
+                // a newer one still is in place), the conversion is undone, and it starts over.
+                if std::fs::hard_link(&aside, path).is_ok() {
+                    let _ = std::fs::remove_file(&aside);
+                }
+                if let Some(ino) = made {
+                    if std::fs::symlink_metadata(&target).is_ok_and(|m| m.ino() == ino) {
+                        let _ = std::fs::remove_file(&target);
+                    }
+                }
+                crate::ledger::fsio::fsync_dir(path.parent().unwrap_or(Path::new(".")))?;
+                crate::info!(
+                    "agent: {}: replaced while being converted; the other writer's version was \
+                     put back; reading it again",
+                    path.display()
+                );
+                return Ok(None);
+            }
+            crate::ledger::fsio::fsync_dir(path.parent().unwrap_or(Path::new(".")))?;
+            Ok(Some(text))
+        })();
+        match result {
+            Ok(None) => None,
+            Ok(Some(_)) => {
+                st.converted = true;
+                st.ours_ino = None;
+                st.error = None;
+                crate::info!(
+                    "agent: {}: single-plugin configuration converted to {} with the ledger first \
+                     (original kept as {})",
+                    path.display(),
+                    target.display(),
+                    aside.display()
+                );
+                let label = target.display().to_string();
+                self.shared
+                    .metrics
+                    .injections
+                    .with_label_values(&[&label])
+                    .inc();
+                // Verify and adopt the new file as ours.
+                let done = self.one(&target, now);
+                Some(FileOutcome {
+                    wrote: true,
+                    network: net,
+                    ..done
+                })
+            }
+            Err(e) => {
+                st.error = Some(format!("{e:#}"));
+                crate::error!("agent: {}: {e:#}", path.display());
+                Some(FileOutcome::new(path.to_path_buf(), false, false, net))
+            }
+        }
+    }
+}
+
+/// Writes the injected text in place of the file `read` came from, unless another
+/// writer changed that file since (None: start over, nothing of theirs replaced), and
+/// reads it back; true when verified.
+fn write_verified(
+    path: &Path,
+    read: &injection::ReadConf,
+    text: &str,
+    plugin_type: &str,
+    entry: &EntryOptions,
+    st: &mut FileState,
+    shared: &Shared,
+) -> Option<bool> {
+    let label = path.display().to_string();
+    let ino = match injection::replace_if_unchanged(path, read, text.as_bytes()) {
+        Ok(injection::Replaced::Done { ino }) => ino,
+        Ok(injection::Replaced::Changed(why)) => {
+            crate::info!("agent: {label}: {why} after it was read; reading it again");
+            return None;
+        }
+        Err(e) => {
+            crate::error!("agent: {label}: {e:#}");
+            st.error = Some(format!("{e:#}"));
+            return Some(false);
+        }
+    };
+    crate::info!("agent: {label}: ledger injected");
+    shared.metrics.injections.with_label_values(&[&label]).inc();
+    // Ours from here: a writer that changes it even before the read-back below has
+    // reverted it, and its event brings the next pass.
+    st.ours = Some(text.as_bytes().to_vec());
+    st.ours_doc = serde_json::from_str(text).ok();
+    st.ours_ino = Some(ino);
+    let back = std::fs::read(path).unwrap_or_default();
+    if back == text.as_bytes() {
+        st.error = None;
+        return Some(true);
+    }
+    let injected =
+        injection::plan(path, &back, plugin_type, entry, false).is_ok_and(|p| !p.changed);
+    if !injected {
+        st.error = Some("changed again right after the injection".into());
+    }
+    Some(injected)
+}
+
+/// A file that did not exist under this name, made from a fresh O_EXCL temp (mode of
+/// the file `like` was read from) linked into place, which fails rather than replace a
+/// file another writer created meanwhile. Returns its inode. Not yet durable: the
+/// caller fsyncs the directory.
+fn write_new(path: &Path, like: &injection::ReadConf, bytes: &[u8]) -> anyhow::Result<u64> {
+    use crate::ledger::fsio;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = fsio::write_temp(dir, &name, bytes, "conflist", like.mode())?;
+    let linked = std::fs::hard_link(&tmp, path);
+    let ino = std::fs::symlink_metadata(&tmp).map(|m| m.ino());
+    let _ = std::fs::remove_file(&tmp);
+    linked.with_context(|| format!("creating {}", path.display()))?;
+    // The directory is fsynced by the caller, once the conversion is complete.
+    ino.with_context(|| format!("examining {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_revert_is_described_by_what_changed() {
+        let ours = json!({"cniVersion":"1.0.0","name":"k8s","plugins":[{"type":"cni-ledger"},{"type":"calico"}]});
+        let theirs = json!({"cniVersion":"0.3.1","name":"k8s","plugins":[{"type":"calico"}]});
+        assert_eq!(
+            describe_change(Some(&ours), &theirs, true),
+            "plugins now [calico]; also changed: cniVersion; replaced by rename (a new file)"
+        );
+        let theirs =
+            json!({"cniVersion":"1.0.0","name":"k8s","plugins":[{"type":"calico","mtu":1400}]});
+        assert_eq!(
+            describe_change(Some(&ours), &theirs, false),
+            "plugins now [calico]; the other plugins' entries differ too; written in place"
+        );
+    }
+}

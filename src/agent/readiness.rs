@@ -1,0 +1,165 @@
+//! What `/readyz` says: the last reconcile pass's findings (binaries installed, the
+//! ledger first in each chosen conflist, the ledger dir usable) as one status, and the
+//! check of the ledger dir itself.
+
+use crate::ledger::Ledger;
+use std::path::{Path, PathBuf};
+
+/// What `/readyz` reports; written by the watcher, read by the server.
+#[derive(Debug, Default, Clone)]
+pub struct Status {
+    /// Per CNI bin dir: None when it holds our binary, else why not.
+    pub binaries: Vec<(PathBuf, Option<String>)>,
+    pub conflists: Vec<ConfStatus>,
+    /// Why no conflist was chosen, when none was.
+    pub conf_error: Option<String>,
+    /// Why the ledger dir is not usable, when it is not.
+    pub ledger_error: Option<String>,
+    /// The first reconcile has run.
+    pub checked: bool,
+    /// Why the last gc run judged nothing by the CRI runtimes' list, when it did not
+    /// (kept by the gc loop in `Shared::cri_refused`, filled in by `Shared::status`).
+    pub cri_refused: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ConfStatus {
+    pub file: PathBuf,
+    pub injected: bool,
+    pub fighting: bool,
+    pub error: Option<String>,
+}
+
+impl Status {
+    /// Ready, and one line per check for the response body.
+    pub fn readiness(&self) -> (bool, String) {
+        let mut ok = self.checked;
+        let mut lines = Vec::new();
+        if !self.checked {
+            lines.push("not yet checked".to_string());
+        }
+        for (dir, err) in &self.binaries {
+            match err {
+                None => lines.push(format!("ok binary installed in {}", dir.display())),
+                Some(e) => {
+                    ok = false;
+                    lines.push(format!("FAIL binary in {}: {e}", dir.display()));
+                }
+            }
+        }
+        if let Some(e) = &self.conf_error {
+            ok = false;
+            lines.push(format!("FAIL conflist: {e}"));
+        }
+        for c in &self.conflists {
+            let f = c.file.display();
+            if c.fighting {
+                ok = false;
+                lines.push(format!(
+                    "FAIL {f}: another writer keeps reverting it; backing off"
+                ));
+            } else if !c.injected {
+                ok = false;
+                let why = c.error.as_deref().unwrap_or("not injected yet");
+                lines.push(format!("FAIL {f}: {why}"));
+            } else {
+                lines.push(format!("ok ledger first in {f} (verified)"));
+            }
+        }
+        match &self.ledger_error {
+            None if self.checked => lines.push("ok ledger dir usable".into()),
+            None => {}
+            Some(e) => {
+                ok = false;
+                lines.push(format!("FAIL ledger dir: {e}"));
+            }
+        }
+        // Not a readiness failure: the agent is doing its job by refusing.
+        if let Some(why) = &self.cri_refused {
+            lines.push(format!("WARN cri: {why}"));
+        }
+        let mut body = lines.join("\n");
+        body.push('\n');
+        (ok, body)
+    }
+}
+
+/// The ledger dir exists (or can be made), is trusted, and each directory a write goes
+/// to is a directory the agent can write: an ADD whose snapshot or record cannot be
+/// stored fails, so a ledger broken underneath (`snapshots/` removed, a directory made
+/// read-only) must show in `/readyz` rather than at the next pod's start. Not repaired:
+/// a directory that vanished is damage an operator should look at (records may refer
+/// to snapshots it held).
+pub fn ledger_usable(dir: &Path) -> anyhow::Result<()> {
+    let ledger = Ledger::open_for_write(dir)?;
+    ledger.check_trusted()?;
+    for sub in [
+        ledger.records_dir(),
+        ledger.snapshots_dir(),
+        ledger.locks_dir(),
+    ] {
+        let meta = std::fs::metadata(&sub).map_err(|e| {
+            anyhow::anyhow!(
+                "{} is missing ({e}): ADDs cannot be recorded; restore it (mkdir -m 0700) \
+                 and check the ledger with `cni-ledger verify`",
+                sub.display()
+            )
+        })?;
+        if !meta.is_dir() {
+            anyhow::bail!(
+                "{} is not a directory: ADDs cannot be recorded",
+                sub.display()
+            );
+        }
+        nix::unistd::access(&sub, nix::unistd::AccessFlags::W_OK)
+            .map_err(|e| anyhow::anyhow!("{} is not writable: {e}", sub.display()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ready_status() -> Status {
+        Status {
+            binaries: vec![(PathBuf::from("/opt/cni/bin"), None)],
+            conflists: vec![ConfStatus {
+                file: PathBuf::from("/etc/cni/net.d/10-a.conflist"),
+                injected: true,
+                fighting: false,
+                error: None,
+            }],
+            conf_error: None,
+            ledger_error: None,
+            checked: true,
+            cri_refused: None,
+        }
+    }
+
+    #[test]
+    fn ready_only_when_every_check_passes() {
+        assert!(ready_status().readiness().0);
+        assert!(
+            !Status::default().readiness().0,
+            "ready before the first check"
+        );
+        let mut s = ready_status();
+        s.conflists[0].fighting = true;
+        let (ok, body) = s.readiness();
+        assert!(!ok && body.contains("keeps reverting"), "{body}");
+        let mut s = ready_status();
+        s.conflists[0].injected = false;
+        assert!(!s.readiness().0);
+        let mut s = ready_status();
+        s.binaries[0].1 = Some("EACCES".into());
+        assert!(!s.readiness().0);
+        let mut s = ready_status();
+        s.ledger_error = Some("not trusted".into());
+        assert!(!s.readiness().0);
+        let mut s = ready_status();
+        s.conflists.clear();
+        s.conf_error = Some("no network configuration".into());
+        assert!(!s.readiness().0);
+    }
+}

@@ -1,0 +1,199 @@
+//! One reconcile pass: the binary installed in each CNI bin dir, the ledger dir usable,
+//! the ledger first in each chosen conflist, the attachments made while it was not
+//! counted, and the status `/readyz` shows, each a step of its own. A pass is
+//! idempotent: a file that already is as the agent left it costs one read.
+
+use super::conflists::Conflists;
+use super::install::Installer;
+use super::{conf, gap, readiness, ConfStatus, Options, Shared, Status};
+use crate::ledger::Ledger;
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+pub struct Reconciler<'a> {
+    opts: &'a Options,
+    shared: &'a Shared,
+    conflists: Conflists<'a>,
+    installer: Installer,
+    /// The files the last pass showed in the metrics.
+    shown: Vec<PathBuf>,
+    /// The gap count has run once (at start it runs even when nothing was written).
+    gap_counted: bool,
+}
+
+/// What the conflists step found.
+#[derive(Default)]
+struct ConflistsPass {
+    /// When the pass wants to run again at the latest (a backoff ending, a fight to settle).
+    wake: Option<Instant>,
+    wrote: bool,
+    networks: Vec<String>,
+    /// Only a network whose chain holds the ledger has its attachments adopted: no DEL
+    /// of any other would ever reach the record.
+    injected_networks: BTreeSet<String>,
+}
+
+impl<'a> Reconciler<'a> {
+    pub fn new(opts: &'a Options, shared: &'a Shared) -> Reconciler<'a> {
+        Reconciler {
+            opts,
+            shared,
+            conflists: Conflists::new(opts, shared),
+            installer: Installer::new(
+                PathBuf::from("/proc/self/exe"),
+                &opts.plugin_type,
+                &opts.bin_dirs,
+            ),
+            shown: Vec::new(),
+            gap_counted: false,
+        }
+    }
+
+    /// One pass over binary, ledger dir and conflists; returns when it wants to run
+    /// again at the latest (a backoff ending, a fight to settle).
+    pub fn pass(&mut self) -> Option<Instant> {
+        let now = Instant::now();
+        let mut status = Status {
+            checked: true,
+            ..Status::default()
+        };
+        status.binaries = self.install_binaries();
+        status.ledger_error = readiness::ledger_usable(&self.opts.gc.ledger_dir)
+            .err()
+            .map(|e| format!("{e:#}"));
+        let chosen = self.choose(&mut status);
+        self.forget_unchosen(&chosen);
+        let pass = self.keep_conflists(&chosen, now, &mut status);
+        let wake = pass.wake;
+        self.count_gap(pass);
+        if let Ok(mut s) = self.shared.status.lock() {
+            *s = status;
+        }
+        wake
+    }
+
+    /// The plugin binary in each CNI bin dir: None where it is in place, else why not.
+    fn install_binaries(&mut self) -> Vec<(PathBuf, Option<String>)> {
+        let mut binaries = Vec::new();
+        for (dir, r) in self.installer.ensure() {
+            let label = dir.display().to_string();
+            self.shared
+                .metrics
+                .binary_installed
+                .with_label_values(&[&label])
+                .set(r.is_ok() as i64);
+            if let Err(e) = &r {
+                crate::error!("agent: installing into {label}: {e:#}");
+            }
+            binaries.push((dir, r.err().map(|e| format!("{e:#}"))));
+        }
+        binaries
+    }
+
+    /// The conflists to keep the ledger in; none (and why, in `status`) when there is
+    /// nothing to choose.
+    fn choose(&self, status: &mut Status) -> Vec<PathBuf> {
+        let chosen = match conf::choose(&self.opts.conf_dir, &self.opts.choice) {
+            Ok(c) => c,
+            Err(e) => {
+                status.conf_error = Some(format!("{e:#}"));
+                Vec::new()
+            }
+        };
+        if chosen.is_empty() && status.conf_error.is_none() {
+            status.conf_error = Some(format!(
+                "no network configuration in {}{}",
+                self.opts.conf_dir.display(),
+                match &self.opts.choice {
+                    conf::Choice::Named(n) => format!(" named {n}"),
+                    _ => String::new(),
+                }
+            ));
+        }
+        chosen
+    }
+
+    /// Files no longer chosen leave the per-file metrics.
+    fn forget_unchosen(&self, chosen: &[PathBuf]) {
+        for gone in self.shown.iter().filter(|p| !chosen.contains(p)) {
+            let label = gone.display().to_string();
+            let _ = self.shared.metrics.injected.remove_label_values(&[&label]);
+            let _ = self.shared.metrics.fight.remove_label_values(&[&label]);
+        }
+    }
+
+    /// Brings each chosen file into shape, and shows each in the metrics and `status`.
+    fn keep_conflists(
+        &mut self,
+        chosen: &[PathBuf],
+        now: Instant,
+        status: &mut Status,
+    ) -> ConflistsPass {
+        let mut pass = ConflistsPass::default();
+        let mut shown = Vec::new();
+        for path in chosen {
+            let done = self.conflists.one(path, now);
+            pass.wrote |= done.wrote;
+            if done.injected {
+                pass.injected_networks.extend(done.network.clone());
+            }
+            pass.networks.extend(done.network);
+            // one() made the state for this file.
+            let Some(st) = self.conflists.state(&done.file) else {
+                continue;
+            };
+            if let Some(until) = st.fight.waiting_until(now) {
+                pass.wake = Some(pass.wake.map_or(until, |w| w.min(until)));
+            }
+            if st.fight.fighting() {
+                let settle = now + Duration::from_secs(1);
+                pass.wake = Some(pass.wake.map_or(settle, |w| w.min(settle)));
+            }
+            let label = done.file.display().to_string();
+            let m = &self.shared.metrics;
+            m.injected
+                .with_label_values(&[&label])
+                .set(done.injected as i64);
+            m.fight
+                .with_label_values(&[&label])
+                .set(st.fight.fighting() as i64);
+            m.reverts.with_label_values(&[&label]).inc_by(0);
+            m.injections.with_label_values(&[&label]).inc_by(0);
+            status.conflists.push(ConfStatus {
+                file: done.file.clone(),
+                injected: done.injected,
+                fighting: st.fight.fighting(),
+                error: st.error.clone(),
+            });
+            shown.push(done.file);
+        }
+        self.shown = shown;
+        pass
+    }
+
+    /// Counts the attachments libcni's cache knows and the ledger does not, after a
+    /// write and once at start.
+    fn count_gap(&mut self, pass: ConflistsPass) {
+        if !(pass.wrote || (!self.gap_counted && !pass.networks.is_empty())) {
+            return;
+        }
+        self.gap_counted = true;
+        let counts = gap::after_injection(
+            &self.opts.gc.cache_dir,
+            &Ledger::at(&self.opts.gc.ledger_dir),
+            &pass.networks,
+            pass.injected_networks,
+            &std::env::join_paths(&self.opts.bin_dirs)
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        );
+        for (net, n) in counts {
+            self.shared
+                .metrics
+                .unrecorded
+                .with_label_values(&[&net])
+                .set(n as i64);
+        }
+    }
+}
