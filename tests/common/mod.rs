@@ -12,6 +12,9 @@
 //! All of this needs root: `require_root()` panics (never skips) without it.
 #![allow(dead_code)]
 
+pub mod inproc;
+pub mod records;
+
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fs;
