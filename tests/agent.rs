@@ -73,6 +73,7 @@ fn preinstalled_bin(f: &Fixture) -> PathBuf {
 
 #[test]
 fn agent_keeps_the_ledger_first_through_rewrites_and_an_add_after_is_recorded() {
+    require_root!();
     let f = Fixture::new();
     let plain = plain_conflist(&f);
     write_plain(&f.conf_file, &plain);
@@ -173,6 +174,7 @@ fn agent_keeps_the_ledger_first_through_rewrites_and_an_add_after_is_recorded() 
 
 #[test]
 fn agent_backs_off_from_a_writer_reverting_every_100ms_and_does_not_spin() {
+    require_root!();
     let f = Fixture::new();
     let plain = plain_conflist(&f);
     write_plain(&f.conf_file, &plain);
@@ -250,6 +252,7 @@ fn sha(path: &Path) -> String {
 
 #[test]
 fn binary_replaced_under_a_running_copy_restart_keeps_injection_uninstall_removes_it() {
+    require_root!();
     let f = Fixture::new();
     let plain = plain_conflist(&f);
     write_plain(&f.conf_file, &plain);
@@ -320,6 +323,7 @@ fn binary_replaced_under_a_running_copy_restart_keeps_injection_uninstall_remove
 
 #[test]
 fn reboot_under_the_agent_start_up_gc_replays_and_a_failing_plugin_backs_off_while_ready() {
+    require_root!();
     let mut f = Fixture::new();
     let probe = f.bin_dir.join("cl-probe");
     fs::copy(
@@ -446,7 +450,7 @@ fn reboot_under_the_agent_start_up_gc_replays_and_a_failing_plugin_backs_off_whi
 
 #[test]
 fn a_single_plugin_conf_becomes_a_conflist_with_the_ledger_first() {
-    require_root();
+    require_root!();
     let tmp = TempDir::new("agconf");
     let conf = tmp.path().join("net.d");
     let bin = tmp.path().join("bin");
@@ -494,6 +498,7 @@ fn a_single_plugin_conf_becomes_a_conflist_with_the_ledger_first() {
 /// anything is judged, and a process's real root works.
 #[test]
 fn gc_enters_the_node_root_and_replays_there() {
+    require_root!();
     let mut f = Fixture::ledger_only();
     let probe = f.bin_dir.join("cl-probe");
     fs::copy(
@@ -561,9 +566,9 @@ fn gc_enters_the_node_root_and_replays_there() {
 /// watcher still re-injects.
 #[test]
 fn the_http_server_bounds_what_a_client_can_hold_and_changes_nothing() {
+    require_root!();
     use std::io::Read;
     use std::net::TcpStream;
-    require_root();
     let tmp = TempDir::new("aghttp");
     let conf = tmp.path().join("net.d");
     let bin = tmp.path().join("bin");
@@ -639,6 +644,7 @@ fn the_http_server_bounds_what_a_client_can_hold_and_changes_nothing() {
 
 #[test]
 fn attachments_made_while_the_ledger_was_out_are_adopted_after_injection() {
+    require_root!();
     let f = Fixture::new();
     write_plain(&f.conf_file, &plain_conflist(&f));
     // A pod started while a network plugin had pushed the ledger out of the chain: only

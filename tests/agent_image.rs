@@ -168,7 +168,7 @@ fn holds_address(node: &PrivateRun, network: &str, id: &str) -> bool {
 
 #[test]
 fn the_daemonsets_agent_leaves_live_pods_alone_and_releases_only_a_forgotten_one() {
-    require_root();
+    require_root!();
     let tag = format!("localhost/cni-ledger:test-{}", std::process::id());
     let out = Command::new(repo().join("scripts/build-image.sh"))
         .arg(&tag)

@@ -177,11 +177,13 @@ fn race(by_rename: bool) {
 
 #[test]
 fn a_writer_renaming_its_version_over_the_conflist_never_loses_it() {
+    require_root!();
     race(true);
 }
 
 #[test]
 fn a_writer_rewriting_the_conflist_in_place_never_loses_it() {
+    require_root!();
     race(false);
 }
 
@@ -194,6 +196,7 @@ fn is_symlink(path: &Path) -> bool {
 /// in it, and once the link's source has the ledger first the agent is ready.
 #[test]
 fn a_symlinked_conflist_stays_a_symlink_and_readyz_says_why() {
+    require_root!();
     let f = Fixture::new();
     let plain = plain_conflist(&f);
     let name = f.conf_file.file_name().unwrap().to_owned();
@@ -269,6 +272,7 @@ fn a_symlinked_conflist_stays_a_symlink_and_readyz_says_why() {
 /// naming it, and is ready again once it is restored.
 #[test]
 fn a_ledger_broken_underneath_the_agent_shows_in_readyz() {
+    require_root!();
     let f = Fixture::new();
     write_in_place(&f.conf_file, &plain_conflist(&f));
     let bin = preinstalled_bin(&f);

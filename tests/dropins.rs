@@ -104,6 +104,7 @@ fn replayed_types(r: &Value) -> Vec<String> {
 
 #[test]
 fn dropin_portmap_is_snapshotted_and_released_by_gc() {
+    require_root!();
     let (f, dropin) = fixture(false);
     let conf_file = f.conf_file.display().to_string();
     let dropin_file = dropin.display().to_string();
@@ -162,6 +163,7 @@ fn dropin_portmap_is_snapshotted_and_released_by_gc() {
 
 #[test]
 fn load_only_inlined_plugins_keeps_the_dropin_out_of_add_and_replay() {
+    require_root!();
     let (f, _dropin) = fixture(true);
     assert_eq!(
         f.load().unwrap(),
@@ -190,6 +192,7 @@ fn load_only_inlined_plugins_keeps_the_dropin_out_of_add_and_replay() {
 
 #[test]
 fn unparseable_dropin_fails_libcni_and_the_ledger_alike() {
+    require_root!();
     let (f, dropin) = fixture(false);
     fs::write(&dropin, br#"{"snat": false}"#).unwrap();
     let err = f

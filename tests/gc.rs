@@ -297,6 +297,7 @@ fn plugin_in_host(f: &Fixture, env: &[(String, String)], stdin: &[u8]) -> Output
 
 #[test]
 fn seed_story_vanished_namespace_is_cleaned_from_the_snapshot() {
+    require_root!();
     let f = Fixture::new(); // [cni-ledger, bridge+host-local, portmap]
     let mut ns = Netns::new();
     let cid = "c-seed";
@@ -381,6 +382,7 @@ fn seed_story_vanished_namespace_is_cleaned_from_the_snapshot() {
 
 #[test]
 fn only_vanished_namespaces_are_replayed_and_a_recreated_one_is_never_entered() {
+    require_root!();
     let f = fixture_with(
         true,
         vec![json!({"type": PROBE, "logFile": "{tmp}/probe.log"})],
@@ -479,6 +481,7 @@ fn only_vanished_namespaces_are_replayed_and_a_recreated_one_is_never_entered() 
 
 #[test]
 fn failing_plugin_keeps_the_record_with_backoff_but_others_still_release() {
+    require_root!();
     let f = fixture_with(
         true,
         vec![
@@ -583,6 +586,7 @@ fn failing_plugin_keeps_the_record_with_backoff_but_others_still_release() {
 
 #[test]
 fn dry_run_changes_no_file_and_runs_no_plugin() {
+    require_root!();
     let f = fixture_with(
         true,
         vec![json!({"type": PROBE, "logFile": "{tmp}/probe.log"})],
@@ -729,6 +733,7 @@ fn assert_only_c_cleaned(f: &Fixture, nss: &[Netns], ips: &[String]) {
 
 #[test]
 fn valid_attachments_file_replays_exactly_the_unlisted_one() {
+    require_root!();
     let (f, nss, ips) = three_live();
     let file = f.tmp.path().join("valid.json");
     fs::write(&file, valid_ab().to_string()).unwrap();
@@ -835,11 +840,13 @@ fn gc_verb_replays_the_unlisted_one(key: &str) {
 
 #[test]
 fn gc_verb_valid_attachments_replays_exactly_the_unlisted_one() {
+    require_root!();
     gc_verb_replays_the_unlisted_one("cni.dev/valid-attachments");
 }
 
 #[test]
 fn gc_verb_older_attachments_key_replays_exactly_the_unlisted_one() {
+    require_root!();
     gc_verb_replays_the_unlisted_one("cni.dev/attachments");
 }
 
@@ -849,6 +856,7 @@ fn gc_verb_older_attachments_key_replays_exactly_the_unlisted_one() {
 
 #[test]
 fn changed_boot_id_replays_without_entering_the_surviving_namespace() {
+    require_root!();
     let f = fixture_with(
         true,
         vec![json!({"type": PROBE, "logFile": "{tmp}/probe.log"})],
@@ -897,6 +905,7 @@ fn changed_boot_id_replays_without_entering_the_surviving_namespace() {
 
 #[test]
 fn hanging_plugin_is_killed_at_the_timeout() {
+    require_root!();
     let f = fixture_with(
         false,
         vec![
@@ -957,6 +966,7 @@ fn hanging_plugin_is_killed_at_the_timeout() {
 
 #[test]
 fn gc_refuses_a_ledger_writable_or_owned_by_others() {
+    require_root!();
     let f = fixture_with(
         true,
         vec![json!({"type": PROBE, "logFile": "{tmp}/probe.log"})],
@@ -1017,6 +1027,7 @@ fn gc_refuses_a_ledger_writable_or_owned_by_others() {
 
 #[test]
 fn snapshot_with_path_plugin_types_executes_nothing_outside_cni_path() {
+    require_root!();
     let f = fixture_with(
         false,
         vec![
@@ -1071,6 +1082,7 @@ fn snapshot_with_path_plugin_types_executes_nothing_outside_cni_path() {
 
 #[test]
 fn symlink_in_records_is_reported_damaged_and_not_followed() {
+    require_root!();
     let f = fixture_with(
         true,
         vec![json!({"type": PROBE, "logFile": "{tmp}/probe.log"})],
@@ -1149,6 +1161,7 @@ fn gc_with_read_errno(f: &Fixture, errno: i32, name: &str, args: &[&str]) -> Out
 
 #[test]
 fn a_record_that_cannot_be_read_is_left_in_place_and_reported_unreadable() {
+    require_root!();
     let f = fixture_with(
         true,
         vec![json!({"type": PROBE, "logFile": "{tmp}/probe.log"})],
@@ -1220,6 +1233,7 @@ fn a_record_that_cannot_be_read_is_left_in_place_and_reported_unreadable() {
 
 #[test]
 fn the_cache_entry_is_gone_before_the_key_is_released() {
+    require_root!();
     // Once gc lets go of the key, an adopt that finds no record must find no cache
     // entry of the attachment just released either (or it would adopt it again).
     let f = fixture_with(false, vec![]);
@@ -1248,6 +1262,7 @@ fn the_cache_entry_is_gone_before_the_key_is_released() {
 
 #[test]
 fn no_file_descriptor_left_to_read_records_quarantines_nothing() {
+    require_root!();
     let f = fixture_with(
         true,
         vec![json!({"type": PROBE, "logFile": "{tmp}/probe.log"})],
@@ -1300,6 +1315,7 @@ fn no_file_descriptor_left_to_read_records_quarantines_nothing() {
 
 #[test]
 fn the_snapshot_of_an_unreadable_record_is_not_swept() {
+    require_root!();
     let f = fixture_with(false, vec![]);
     let mut ns_x = Netns::new();
     let mut ns_y = Netns::new();

@@ -9,11 +9,18 @@
 //! network namespace; the namespace dies with the test. Files live in a per-test temp
 //! dir (`TempDir`), removed on drop (set `CL_KEEP_TMP=1` to keep it for debugging).
 //!
-//! All of this needs root: `require_root()` panics (never skips) without it.
+//! All of this needs root. Each root test starts with `require_root!()`, which skips it
+//! (one line per binary on stderr) for a normal user, and fails it instead under CI;
+//! `require_root()` inside the harness panics should a test lack that line.
 #![allow(dead_code)]
 
 pub mod inproc;
 pub mod records;
+pub mod root;
+
+// Unused in the binaries that need no root, like the rest of the harness.
+#[allow(unused_imports)]
+pub(crate) use root::require_root;
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -40,20 +47,14 @@ pub fn next_id() -> usize {
 // root, binaries
 // ---------------------------------------------------------------------------------------
 
-/// Panics with a clear message unless running as root. Tests never silently skip.
+/// Panics with a clear message unless running as root: the backstop inside the root
+/// harnesses (`Fixture`, ...) for a test that forgot `require_root!()`.
 pub fn require_root() {
-    // No libc dependency: read the effective uid from /proc.
-    let status = fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
-    let euid = status
-        .lines()
-        .find(|l| l.starts_with("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(2))
-        .and_then(|s| s.parse::<u32>().ok())
-        .expect("parse euid from /proc/self/status");
+    let euid = root::euid();
     if euid != 0 {
         panic!(
             "this test needs root (euid is {euid}): it creates network namespaces, bridges \
-             and iptables rules; run `sudo -E cargo test --features testing`"
+             and iptables rules; run scripts/test.sh as root"
         );
     }
 }

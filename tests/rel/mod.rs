@@ -12,15 +12,13 @@
 #![allow(dead_code)]
 
 use crate::common::{describe, ledger_bin, ledger_entry, run_plugin, LedgerHome, TempDir};
-// Shared with the no-root tier; re-exported for the reliability tests' existing calls.
+// Shared with the no-root tier; re-exported for the reliability tests (not all read records).
+#[allow(unused_imports)]
 pub use crate::common::records::{decode_record, identity, sha256_of};
-use serde::Deserialize;
-use serde_json::value::RawValue;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fs;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
