@@ -17,10 +17,6 @@ use std::process::{Command, Output};
 use common::*;
 use serde_json::{json, Value};
 
-fn port_mappings(port: u16) -> Value {
-    json!({"portMappings": [{"hostPort": port, "containerPort": 80, "protocol": "tcp"}]})
-}
-
 /// `[bridge+host-local, portmap]`: no ledger in the chain. Before the ledger is taken
 /// out, `p-led` is added with it in the chain, so it has both a record and a cache entry.
 fn fixture_without_ledger() -> (Fixture, Netns) {

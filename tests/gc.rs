@@ -27,10 +27,6 @@ use serde_json::{json, Value};
 const PROBE: &str = "cl-probe";
 const PROBE_FAIL_MSG: &str = "cl-probe refuses DEL";
 
-fn port_mappings() -> Value {
-    json!({"portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]})
-}
-
 fn probe_source() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/plugins/cl-probe")
 }
@@ -301,7 +297,7 @@ fn seed_story_vanished_namespace_is_cleaned_from_the_snapshot() {
     let f = Fixture::new(); // [cni-ledger, bridge+host-local, portmap]
     let mut ns = Netns::new();
     let cid = "c-seed";
-    let ip = add_ok(&f, cid, &ns, Some(&port_mappings()));
+    let ip = add_ok(&f, cid, &ns, Some(&port_mappings(8080)));
 
     let nat = f.host.iptables_save();
     assert!(
@@ -491,7 +487,7 @@ fn failing_plugin_keeps_the_record_with_backoff_but_others_still_release() {
     let marker = f.tmp.path().join("fail-del");
     let mut ns = Netns::new();
     let cid = "c-fail";
-    let ip = add_ok(&f, cid, &ns, Some(&port_mappings()));
+    let ip = add_ok(&f, cid, &ns, Some(&port_mappings(8080)));
     fs::write(&marker, b"").unwrap();
     ns.delete();
 
@@ -593,7 +589,7 @@ fn dry_run_changes_no_file_and_runs_no_plugin() {
     );
     let mut ns = Netns::new();
     let cid = "c-dry";
-    let ip = add_ok(&f, cid, &ns, Some(&port_mappings()));
+    let ip = add_ok(&f, cid, &ns, Some(&port_mappings(8080)));
     ns.delete();
     // A damaged record too: a dry run must not quarantine it either.
     fs::write(
@@ -691,8 +687,8 @@ fn three_live() -> (Fixture, Vec<Netns>, Vec<String>) {
 
 /// A distinct host port per container (portmap refuses nothing, but keep them apart).
 fn port_mappings_for(cid: &str) -> Value {
-    let port = 8080 + cid.bytes().last().unwrap() as u64 - b'a' as u64;
-    json!({"portMappings": [{"hostPort": port, "containerPort": 80, "protocol": "tcp"}]})
+    let port = 8080 + u16::from(cid.bytes().last().unwrap() - b'a');
+    port_mappings(port)
 }
 
 fn valid_ab() -> Value {
@@ -863,7 +859,7 @@ fn changed_boot_id_replays_without_entering_the_surviving_namespace() {
     );
     let ns = Netns::new();
     let cid = "c-boot";
-    let cap = port_mappings();
+    let cap = port_mappings(8080);
     let mut c = f.driver_cmd("add", cid, "eth0", Some(&ns.path_str()), Some(&cap));
     c.env(
         "CNI_LEDGER_TEST_BOOT_ID",

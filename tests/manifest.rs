@@ -14,7 +14,7 @@
 mod common;
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use common::*;
@@ -64,29 +64,8 @@ struct Platform {
     service_account: Option<&'static str>,
 }
 
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
 fn kubernetes_dir() -> PathBuf {
     repo().join("deploy/kubernetes")
-}
-
-fn tool(path: &str, made_by: &str) -> PathBuf {
-    let p = repo().join(path);
-    assert!(
-        p.exists(),
-        "{} missing: run scripts/test.sh ({made_by})",
-        p.display()
-    );
-    p
-}
-
-fn venv_bin(name: &str) -> PathBuf {
-    tool(
-        &format!("target/test-venv/bin/{name}"),
-        "it makes target/test-venv with kubernetes-validate and PyYAML",
-    )
 }
 
 fn ok(out: Output, what: &str) -> Output {

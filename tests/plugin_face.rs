@@ -15,10 +15,6 @@ use std::fs;
 use common::*;
 use serde_json::{json, Value};
 
-fn port_mappings() -> Value {
-    json!({"portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]})
-}
-
 fn as_u64(v: &Value) -> Option<u64> {
     v.as_u64()
         .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
@@ -41,7 +37,7 @@ fn add_del_through_libcni_with_bridge_and_portmap() {
     assert_eq!(f.load().unwrap(), vec!["cni-ledger", "bridge", "portmap"]);
     let ns = Netns::new();
     let netns = ns.path_str();
-    let cap = port_mappings();
+    let cap = port_mappings(8080);
 
     let res = f
         .add("c-one", "eth0", Some(&netns), Some(&cap))
@@ -985,7 +981,7 @@ fn add_warns_when_a_later_plugin_declares_a_capability_the_ledger_does_not() {
         "c-cap",
         "eth0",
         Some(&ns.path_str()),
-        Some(&port_mappings()),
+        Some(&port_mappings(8080)),
     )
     .expect("ADD");
     let log = f.log();

@@ -59,6 +59,35 @@ pub fn require_root() {
     }
 }
 
+/// The source tree (the tests read its deploy/ and scripts/, and tools under target/).
+pub fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A tool scripts/test.sh fetches or makes under the tree (`made_by` says how).
+pub fn tool(path: &str, made_by: &str) -> PathBuf {
+    let p = repo().join(path);
+    assert!(
+        p.exists(),
+        "{} missing: run scripts/test.sh ({made_by})",
+        p.display()
+    );
+    p
+}
+
+/// A program of target/test-venv, the Python venv scripts/test.sh makes.
+pub fn venv_bin(name: &str) -> PathBuf {
+    tool(
+        &format!("target/test-venv/bin/{name}"),
+        "it makes target/test-venv with kubernetes-validate and PyYAML",
+    )
+}
+
+/// The ingress a `portMappings` runtime arg asks for: `host_port` to the pod's 80/tcp.
+pub fn port_mappings(host_port: u16) -> Value {
+    json!({"portMappings": [{"hostPort": host_port, "containerPort": 80, "protocol": "tcp"}]})
+}
+
 /// The cni-ledger binary under test.
 pub fn ledger_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_cni-ledger"))
@@ -235,7 +264,8 @@ pub fn mode_of(path: &Path) -> u32 {
 // network namespaces
 // ---------------------------------------------------------------------------------------
 
-fn run_ok(cmd: &mut Command) -> Output {
+/// Runs `cmd`; panics with its output unless it succeeds.
+pub fn run_ok(cmd: &mut Command) -> Output {
     let out = cmd
         .output()
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
