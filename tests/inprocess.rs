@@ -9,6 +9,7 @@
 //! one can read is one under a `0000` directory.
 //!
 //! Run it: `cargo test --features testing --test inprocess` (as any user).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
@@ -65,7 +66,8 @@ fn bad_requests_get_the_spec_codes_and_write_nothing() {
     };
     let big = vec![b' '; (1 << 20) + 1];
     // (what, env, stdin, code, cniVersion of the answer)
-    let cases: Vec<(&str, Vec<(String, String)>, Vec<u8>, u64, &str)> = vec![
+    type Case<'a> = (&'a str, Vec<(String, String)>, Vec<u8>, u64, &'a str);
+    let cases: Vec<Case> = vec![
         (
             "unknown command",
             set("CNI_COMMAND", "ATTACH"),
