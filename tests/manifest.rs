@@ -209,6 +209,7 @@ fn assert_memory_limit_fits_the_replays(ds: &Value, what: &str) {
 
 #[test]
 fn the_manifest_the_readme_applies_is_the_base_as_kustomize_builds_it() {
+    require_tools!("target/kustomize", "target/test-venv");
     let applied = fs::read_to_string(kubernetes_dir().join("cni-ledger.yaml")).unwrap();
     let base = fs::read_to_string(kubernetes_dir().join("base/cni-ledger.yaml")).unwrap();
     assert!(
@@ -225,6 +226,7 @@ fn the_manifest_the_readme_applies_is_the_base_as_kustomize_builds_it() {
 
 #[test]
 fn manifest_validates_against_the_kubernetes_schema_and_says_what_the_issue_asks() {
+    require_tools!("target/kustomize", "target/test-venv");
     let yaml = fs::read_to_string(kubernetes_dir().join("cni-ledger.yaml")).unwrap();
     validate(&yaml, "deploy/kubernetes/cni-ledger.yaml");
     let ds = daemonset(&documents(&yaml));
@@ -314,6 +316,7 @@ fn without_platform_fields(ds: &Value) -> Value {
 
 #[test]
 fn each_overlay_builds_validates_and_names_its_platform_paths() {
+    require_tools!("target/kustomize", "target/test-venv");
     let base = daemonset(&documents(&kustomize_build("base")));
     let base_args = args(&base);
     for p in &PLATFORMS {
@@ -364,6 +367,7 @@ fn each_overlay_builds_validates_and_names_its_platform_paths() {
 
 #[test]
 fn every_flag_the_base_and_overlays_pass_is_a_flag_of_the_agent() {
+    require_tools!("target/kustomize", "target/test-venv");
     let out = ok(
         Command::new(ledger_bin())
             .args(["agent", "--help"])

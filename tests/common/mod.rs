@@ -33,7 +33,7 @@ pub use containerd::*;
 #[allow(unused_imports)]
 pub use netns::*;
 #[allow(unused_imports)]
-pub(crate) use root::require_root;
+pub(crate) use root::{require_root, require_tools};
 #[allow(unused_imports)]
 pub use tools::*;
 
