@@ -65,3 +65,27 @@ pub fn boot_id_override() -> Option<String> {
 pub fn boot_id_override() -> Option<String> {
     None
 }
+
+/// Whether `uid` may own the ledger gc executes plugins on the word of: root, and in
+/// test builds also the one uid a test process named with `trust_ledger_owner`, so the
+/// no-root tier (tests/inprocess.rs) can run the GC verb over a ledger its user owns.
+/// No environment variable or flag reaches it: only code linked into the test can.
+#[cfg(feature = "testing")]
+pub fn trusted_owner(uid: u32) -> bool {
+    uid == 0 || TRUSTED_OWNER.get() == Some(&uid)
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub fn trusted_owner(uid: u32) -> bool {
+    uid == 0
+}
+
+#[cfg(feature = "testing")]
+static TRUSTED_OWNER: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+
+/// Trusts a ledger owned by `uid` for the rest of this process (test builds only).
+#[cfg(feature = "testing")]
+pub fn trust_ledger_owner(uid: u32) {
+    let _ = TRUSTED_OWNER.set(uid);
+}

@@ -17,10 +17,6 @@ use std::process::{Command, Output};
 use common::*;
 use serde_json::{json, Value};
 
-fn port_mappings(port: u16) -> Value {
-    json!({"portMappings": [{"hostPort": port, "containerPort": 80, "protocol": "tcp"}]})
-}
-
 /// `[bridge+host-local, portmap]`: no ledger in the chain. Before the ledger is taken
 /// out, `p-led` is added with it in the chain, so it has both a record and a cache entry.
 fn fixture_without_ledger() -> (Fixture, Netns) {
@@ -167,6 +163,7 @@ fn tree(dir: &Path) -> Vec<(String, Vec<u8>)> {
 
 #[test]
 fn adopted_attachments_are_judged_and_replayed_from_the_cached_conflist() {
+    require_root!();
     let (mut f, _ns_led) = fixture_without_ledger();
     let led_record = fs::read(f.record_path("p-led", "eth0")).unwrap();
     let conflist = f.conflist_bytes();
@@ -373,6 +370,7 @@ fn adopted_attachments_are_judged_and_replayed_from_the_cached_conflist() {
 
 #[test]
 fn a_clock_stepped_forward_after_boot_leaves_this_boots_attachments_live() {
+    require_root!();
     let (f, _ns_led) = fixture_without_ledger();
     // libcni 1.1: no netns in the cache, its date is all there is.
     let ns = Netns::new();
@@ -427,6 +425,7 @@ fn a_clock_stepped_forward_after_boot_leaves_this_boots_attachments_live() {
 /// so its replay releases the address.
 #[test]
 fn adopted_records_find_their_plugins_in_the_conventional_dirs() {
+    require_root!();
     let (mut f, _ns_led) = fixture_without_ledger();
     let mut ns = Netns::new();
     let ip = add(&f, "p-deb", &ns, 8086);
@@ -497,6 +496,7 @@ fn adopted_records_find_their_plugins_in_the_conventional_dirs() {
 /// does, so `adopt` has nothing unusable to report afterwards.
 #[test]
 fn a_replay_removes_an_empty_cache_file_at_the_attachments_path() {
+    require_root!();
     let f = Fixture::new();
     let mut ns = Netns::new();
     let res = f

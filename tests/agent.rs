@@ -14,7 +14,7 @@ mod common;
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -23,23 +23,6 @@ use common::*;
 use serde_json::{json, Value};
 
 const SECOND: Duration = Duration::from_secs(1);
-
-/// The fixture's chain without the ledger: `[bridge+host-local, portmap]`.
-fn plain_conflist(f: &Fixture) -> Value {
-    let mut doc = f.conflist(&f.spec);
-    doc["plugins"].as_array_mut().unwrap().remove(0);
-    doc
-}
-
-fn write_plain(path: &Path, doc: &Value) {
-    fs::write(path, serde_json::to_vec_pretty(doc).unwrap()).unwrap();
-}
-
-fn write_by_rename(path: &Path, doc: &Value) {
-    let tmp = path.with_file_name(".installer-tmp");
-    fs::write(&tmp, serde_json::to_vec_pretty(doc).unwrap()).unwrap();
-    fs::rename(&tmp, path).unwrap();
-}
 
 fn agent_args(f: &Fixture, bin_dir: &Path, extra: &[&str]) -> Vec<String> {
     let mut v = dir_args(bin_dir, &f.conf_dir, &f.ledger_dir, &f.cache_dir);
@@ -63,19 +46,12 @@ fn dir_args(bin: &Path, conf: &Path, ledger: &Path, cache: &Path) -> Vec<String>
     v
 }
 
-/// A bin dir already holding the binary under test, so the agent's start is not a copy.
-fn preinstalled_bin(f: &Fixture) -> PathBuf {
-    let dir = f.tmp.path().join("agent-bin");
-    fs::create_dir_all(&dir).unwrap();
-    fs::copy(ledger_bin(), dir.join("cni-ledger")).unwrap();
-    dir
-}
-
 #[test]
 fn agent_keeps_the_ledger_first_through_rewrites_and_an_add_after_is_recorded() {
+    require_root!();
     let f = Fixture::new();
     let plain = plain_conflist(&f);
-    write_plain(&f.conf_file, &plain);
+    write_in_place(&f.conf_file, &plain);
     let bin = preinstalled_bin(&f);
     let log = f.tmp.path().join("agent.log");
     let t0 = Instant::now();
@@ -104,7 +80,7 @@ fn agent_keeps_the_ledger_first_through_rewrites_and_an_add_after_is_recorded() 
 
     // A plain write (open, truncate, write), as calico's install-cni does.
     let t = Instant::now();
-    write_plain(&f.conf_file, &plain);
+    write_in_place(&f.conf_file, &plain);
     let took = wait_for(2 * SECOND, || ledger_first(&f.conf_file))
         .unwrap_or_else(|| panic!("not re-injected after a plain write:\n{}", agent.log_text()));
     eprintln!("FIGURE plain rewrite to re-injection: {:?}", t.elapsed());
@@ -114,7 +90,7 @@ fn agent_keeps_the_ledger_first_through_rewrites_and_an_add_after_is_recorded() 
     );
 
     // A new file renamed over it, as tools that write atomically do.
-    write_by_rename(&f.conf_file, &plain);
+    write_by_rename(&f.conf_file, &plain, ".installer-tmp");
     let took = wait_for(2 * SECOND, || ledger_first(&f.conf_file))
         .unwrap_or_else(|| panic!("not re-injected after a rename:\n{}", agent.log_text()));
     eprintln!("FIGURE rename rewrite to re-injection: {took:?}");
@@ -173,9 +149,10 @@ fn agent_keeps_the_ledger_first_through_rewrites_and_an_add_after_is_recorded() 
 
 #[test]
 fn agent_backs_off_from_a_writer_reverting_every_100ms_and_does_not_spin() {
+    require_root!();
     let f = Fixture::new();
     let plain = plain_conflist(&f);
-    write_plain(&f.conf_file, &plain);
+    write_in_place(&f.conf_file, &plain);
     let bin = preinstalled_bin(&f);
     let log = f.tmp.path().join("agent.log");
     let mut agent = Agent::start(&ledger_bin(), &agent_args(&f, &bin, &[]), &log, None);
@@ -187,7 +164,7 @@ fn agent_backs_off_from_a_writer_reverting_every_100ms_and_does_not_spin() {
     let mut readyz_during = (0, String::new());
     let mut metrics_during = String::new();
     while t0.elapsed() < fight {
-        write_plain(&f.conf_file, &plain);
+        write_in_place(&f.conf_file, &plain);
         writes += 1;
         std::thread::sleep(Duration::from_millis(100));
         if writes == 40 {
@@ -250,9 +227,10 @@ fn sha(path: &Path) -> String {
 
 #[test]
 fn binary_replaced_under_a_running_copy_restart_keeps_injection_uninstall_removes_it() {
+    require_root!();
     let f = Fixture::new();
     let plain = plain_conflist(&f);
-    write_plain(&f.conf_file, &plain);
+    write_in_place(&f.conf_file, &plain);
     let bin = f.tmp.path().join("agent-bin");
     fs::create_dir_all(&bin).unwrap();
     let old = bin.join("cni-ledger");
@@ -320,6 +298,7 @@ fn binary_replaced_under_a_running_copy_restart_keeps_injection_uninstall_remove
 
 #[test]
 fn reboot_under_the_agent_start_up_gc_replays_and_a_failing_plugin_backs_off_while_ready() {
+    require_root!();
     let mut f = Fixture::new();
     let probe = f.bin_dir.join("cl-probe");
     fs::copy(
@@ -446,7 +425,7 @@ fn reboot_under_the_agent_start_up_gc_replays_and_a_failing_plugin_backs_off_whi
 
 #[test]
 fn a_single_plugin_conf_becomes_a_conflist_with_the_ledger_first() {
-    require_root();
+    require_root!();
     let tmp = TempDir::new("agconf");
     let conf = tmp.path().join("net.d");
     let bin = tmp.path().join("bin");
@@ -494,6 +473,7 @@ fn a_single_plugin_conf_becomes_a_conflist_with_the_ledger_first() {
 /// anything is judged, and a process's real root works.
 #[test]
 fn gc_enters_the_node_root_and_replays_there() {
+    require_root!();
     let mut f = Fixture::ledger_only();
     let probe = f.bin_dir.join("cl-probe");
     fs::copy(
@@ -561,9 +541,9 @@ fn gc_enters_the_node_root_and_replays_there() {
 /// watcher still re-injects.
 #[test]
 fn the_http_server_bounds_what_a_client_can_hold_and_changes_nothing() {
+    require_root!();
     use std::io::Read;
     use std::net::TcpStream;
-    require_root();
     let tmp = TempDir::new("aghttp");
     let conf = tmp.path().join("net.d");
     let bin = tmp.path().join("bin");
@@ -572,7 +552,7 @@ fn the_http_server_bounds_what_a_client_can_hold_and_changes_nothing() {
     fs::copy(ledger_bin(), bin.join("cni-ledger")).unwrap();
     let plain = json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "bridge", "bridge": "clhb0"}]});
     let file = conf.join("10-n.conflist");
-    write_plain(&file, &plain);
+    write_in_place(&file, &plain);
     let args = dir_args(
         &bin,
         &conf,
@@ -616,7 +596,7 @@ fn the_http_server_bounds_what_a_client_can_hold_and_changes_nothing() {
         .filter_map(|_| TcpStream::connect(addr).ok())
         .collect();
     // Meanwhile the watcher is not held up.
-    write_by_rename(&file, &plain);
+    write_by_rename(&file, &plain, ".installer-tmp");
     let took = wait_for(2 * SECOND, || ledger_first(&file))
         .unwrap_or_else(|| panic!("watcher stalled by HTTP clients:\n{}", agent.log_text()));
     assert!(took < SECOND, "{took:?}");
@@ -639,8 +619,9 @@ fn the_http_server_bounds_what_a_client_can_hold_and_changes_nothing() {
 
 #[test]
 fn attachments_made_while_the_ledger_was_out_are_adopted_after_injection() {
+    require_root!();
     let f = Fixture::new();
-    write_plain(&f.conf_file, &plain_conflist(&f));
+    write_in_place(&f.conf_file, &plain_conflist(&f));
     // A pod started while a network plugin had pushed the ledger out of the chain: only
     // libcni's cache knows it.
     let ns = Netns::new();

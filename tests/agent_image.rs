@@ -27,22 +27,8 @@ use common::*;
 use cri_common::*;
 use serde_json::{json, Value};
 
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
 fn manifest() -> PathBuf {
     repo().join("deploy/kubernetes/cni-ledger.yaml")
-}
-
-fn venv_bin(name: &str) -> PathBuf {
-    let p = repo().join("target/test-venv/bin").join(name);
-    assert!(
-        p.exists(),
-        "{} missing: run scripts/test.sh (it makes target/test-venv with kubernetes-validate)",
-        p.display()
-    );
-    p
 }
 
 fn ok(out: Output, what: &str) -> Output {
@@ -168,7 +154,7 @@ fn holds_address(node: &PrivateRun, network: &str, id: &str) -> bool {
 
 #[test]
 fn the_daemonsets_agent_leaves_live_pods_alone_and_releases_only_a_forgotten_one() {
-    require_root();
+    require_root!();
     let tag = format!("localhost/cni-ledger:test-{}", std::process::id());
     let out = Command::new(repo().join("scripts/build-image.sh"))
         .arg(&tag)

@@ -116,7 +116,7 @@ fn hog(held: &mut VecDeque<TcpStream>, addr: SocketAddr, n: usize, keep: usize) 
 
 #[test]
 fn probes_answer_within_their_timeout_while_idle_clients_fill_the_metrics_and_probe_ports() {
-    require_root();
+    require_root!();
     let tmp = TempDir::new("agprobe");
     let (mut args, file) = setup(&tmp);
     let probe_port = free_port();
@@ -189,7 +189,7 @@ fn with_env(tmp: &TempDir, env: &str) -> PathBuf {
 
 #[test]
 fn healthz_fails_naming_the_thread_once_gc_or_the_watcher_has_died() {
-    require_root();
+    require_root!();
     // The watcher also comes round on its own writes, so it dies a few loops later.
     for (thread, nth, other) in [("gc", 2, "watch"), ("watch", 5, "gc")] {
         let tmp = TempDir::new("agdead");
@@ -273,7 +273,7 @@ fn wait_for_answer(url: &str, child: &mut std::process::Child, log: &Path) {
 
 #[test]
 fn both_listeners_bind_a_bare_ipv6_address_followed_by_its_port() {
-    require_root();
+    require_root!();
     // --probe-listen through the harness (which takes --listen itself).
     let tmp = TempDir::new("agv6");
     let (mut args, _) = setup(&tmp);

@@ -22,23 +22,6 @@ use serde_json::{json, Value};
 const SECOND: Duration = Duration::from_secs(1);
 const ROUNDS: u64 = 200;
 
-/// The fixture's chain without the ledger: `[bridge+host-local, portmap]`.
-fn plain_conflist(f: &Fixture) -> Value {
-    let mut doc = f.conflist(&f.spec);
-    doc["plugins"].as_array_mut().unwrap().remove(0);
-    doc
-}
-
-fn write_in_place(path: &Path, doc: &Value) {
-    fs::write(path, serde_json::to_vec_pretty(doc).unwrap()).unwrap();
-}
-
-fn write_by_rename(path: &Path, doc: &Value) {
-    let tmp = path.with_file_name(".writer-tmp");
-    fs::write(&tmp, serde_json::to_vec_pretty(doc).unwrap()).unwrap();
-    fs::rename(&tmp, path).unwrap();
-}
-
 /// The agent's directories, a short resync, and no CRI runtime (one this machine may
 /// run is not the test's).
 fn agent_args(f: &Fixture, bin: &Path) -> Vec<String> {
@@ -54,14 +37,6 @@ fn agent_args(f: &Fixture, bin: &Path) -> Vec<String> {
     }
     v.extend(["--cri-endpoint", "none", "--resync", "1"].map(String::from));
     v
-}
-
-/// A bin dir already holding the binary under test, so the agent's start is not a copy.
-fn preinstalled_bin(f: &Fixture) -> PathBuf {
-    let dir = f.tmp.path().join("agent-bin");
-    fs::create_dir_all(&dir).unwrap();
-    fs::copy(ledger_bin(), dir.join("cni-ledger")).unwrap();
-    dir
 }
 
 /// The writer's version `n`: a counter in the bridge's entry and in the bridge name,
@@ -118,7 +93,7 @@ fn race(by_rename: bool) {
     let plain = plain_conflist(&f);
     let write = |doc: &Value| {
         if by_rename {
-            write_by_rename(&f.conf_file, doc)
+            write_by_rename(&f.conf_file, doc, ".writer-tmp")
         } else {
             write_in_place(&f.conf_file, doc)
         }
@@ -177,11 +152,13 @@ fn race(by_rename: bool) {
 
 #[test]
 fn a_writer_renaming_its_version_over_the_conflist_never_loses_it() {
+    require_root!();
     race(true);
 }
 
 #[test]
 fn a_writer_rewriting_the_conflist_in_place_never_loses_it() {
+    require_root!();
     race(false);
 }
 
@@ -194,6 +171,7 @@ fn is_symlink(path: &Path) -> bool {
 /// in it, and once the link's source has the ledger first the agent is ready.
 #[test]
 fn a_symlinked_conflist_stays_a_symlink_and_readyz_says_why() {
+    require_root!();
     let f = Fixture::new();
     let plain = plain_conflist(&f);
     let name = f.conf_file.file_name().unwrap().to_owned();
@@ -269,6 +247,7 @@ fn a_symlinked_conflist_stays_a_symlink_and_readyz_says_why() {
 /// naming it, and is ready again once it is restored.
 #[test]
 fn a_ledger_broken_underneath_the_agent_shows_in_readyz() {
+    require_root!();
     let f = Fixture::new();
     write_in_place(&f.conf_file, &plain_conflist(&f));
     let bin = preinstalled_bin(&f);

@@ -744,7 +744,6 @@ fn run_point(point: &'static str, live_ns: &[Netns]) {
 }
 
 fn run_points(points: &[&'static str]) {
-    require_root();
     let live_ns = [Netns::with_prefix("cll"), Netns::with_prefix("cll")];
     for p in points {
         run_point(p, &live_ns);
@@ -753,16 +752,19 @@ fn run_points(points: &[&'static str]) {
 
 #[test]
 fn crash_while_writing_records() {
+    require_root!();
     run_points(&["record.tmp-written", "record.tmp-synced"]);
 }
 
 #[test]
 fn crash_while_renaming_records() {
+    require_root!();
     run_points(&["record.renamed", "record.dir-synced"]);
 }
 
 #[test]
 fn crash_while_writing_snapshots() {
+    require_root!();
     run_points(&[
         "snapshot.tmp-written",
         "snapshot.tmp-synced",
@@ -773,16 +775,19 @@ fn crash_while_writing_snapshots() {
 
 #[test]
 fn crash_while_removing_records_and_snapshots() {
+    require_root!();
     run_points(&["remove.unlinked"]);
 }
 
 #[test]
 fn crash_after_a_replay_released_its_key() {
+    require_root!();
     run_points(&["gc.key-released"]);
 }
 
 #[test]
 fn crash_while_quarantining() {
+    require_root!();
     run_points(&["quarantine.renamed"]);
 }
 
@@ -845,7 +850,7 @@ fn every_crash_point_is_covered() {
 /// at spawn) makes the spawn panic.
 #[test]
 fn a_panic_in_plugin_mode_is_a_cni_error_on_stdout() {
-    require_root();
+    require_root!();
     let w = World::new("panic", NET, "0");
     let ns = Netns::with_prefix("clp");
     w.add("c-1", &ns.path_str(), &[]);

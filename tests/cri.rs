@@ -195,6 +195,7 @@ fn remove_forgotten_netns(path: &str) {
 
 #[test]
 fn containerd_sandbox_list_judges_exactly_the_forgotten_sandbox() {
+    require_root!();
     let _serial = one_containerd_at_a_time();
     let f = Fixture::new(); // [cni-ledger, bridge+host-local, portmap]
     for p in ["loopback", "bridge", "host-local", "portmap"] {
@@ -304,6 +305,7 @@ fn containerd_sandbox_list_judges_exactly_the_forgotten_sandbox() {
 /// containerd does not answer.
 #[test]
 fn agent_asks_containerd_at_its_default_socket() {
+    require_root!();
     let _serial = one_containerd_at_a_time();
     // 10-cltest.conflist: [cni-ledger, bridge+host-local, portmap]. The agent adopts every
     // network in the system's libcni cache, where containerd writes; a name of its own
@@ -449,6 +451,7 @@ fn agent_asks_containerd_at_its_default_socket() {
 /// runtime that did not answer.
 #[test]
 fn agent_leaves_out_a_containerd_without_cri() {
+    require_root!();
     let _serial = one_containerd_at_a_time();
     let f = Fixture::new();
     let private = PrivateRun::new();
@@ -509,6 +512,7 @@ fn containerd_before_injection(
 /// the one containerd reports loading (with it), so containerd's list may judge it.
 #[test]
 fn agent_releases_an_adopted_sandbox_containerd_forgot() {
+    require_root!();
     let _serial = one_containerd_at_a_time();
     let (f, private, mut ctrd) = containerd_before_injection(ContainerdVersion::V1_6, "cladopt");
     let early = ctrd.run_sandbox("early", 18101);
@@ -567,6 +571,7 @@ fn agent_releases_an_adopted_sandbox_containerd_forgot() {
 /// holds nothing of it in any network, and gc has nothing to report.
 #[test]
 fn agent_adopts_nothing_a_clean_teardown_would_leave_behind() {
+    require_root!();
     adopts_nothing_a_clean_teardown_would_leave_behind(ContainerdVersion::V1_6, "clscope");
 }
 
@@ -574,6 +579,7 @@ fn agent_adopts_nothing_a_clean_teardown_would_leave_behind() {
 /// version 3) runs cni-loopback through libcni as 1.6 does.
 #[test]
 fn agent_adopts_nothing_a_clean_teardown_of_containerd_2_would_leave_behind() {
+    require_root!();
     adopts_nothing_a_clean_teardown_would_leave_behind(ContainerdVersion::V2, "clscope2-");
 }
 
@@ -643,6 +649,7 @@ fn adopts_nothing_a_clean_teardown_would_leave_behind(version: ContainerdVersion
 /// reports loading is the conflist's, as the ledger digests it.
 #[test]
 fn containerd_2_status_names_the_networks_it_loads() {
+    require_root!();
     let _serial = one_containerd_at_a_time();
     let (f, _private, ctrd) = containerd_before_injection(ContainerdVersion::V2, "clstatus");
     let consulted = cni_ledger::cri::consult(

@@ -110,7 +110,7 @@ fn quarantined_copy(w: &World, name: &str, bytes: &[u8]) -> Option<String> {
 
 #[test]
 fn damaged_records_are_detected_quarantined_and_never_replayed() {
-    require_root();
+    require_root!();
     let live_ns = Netns::with_prefix("cld");
     let mut rng = Prng::new(0xda4a6e);
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
@@ -308,7 +308,7 @@ fn damaged_records_are_detected_quarantined_and_never_replayed() {
 
 #[test]
 fn damaged_snapshots_are_detected_quarantined_and_never_executed() {
-    require_root();
+    require_root!();
     let live_ns = Netns::with_prefix("cld");
     let mut rng = Prng::new(0x5a4a_5407);
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
@@ -410,7 +410,7 @@ fn damaged_snapshots_are_detected_quarantined_and_never_executed() {
 /// A plugin-face DEL of a damaged record drops nothing unseen: it quarantines the file.
 #[test]
 fn del_of_a_damaged_record_quarantines_it() {
-    require_root();
+    require_root!();
     let w = World::new("dmgd", NET, "0");
     let ns = Netns::with_prefix("cld");
     let mut rng = Prng::new(7);

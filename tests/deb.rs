@@ -126,7 +126,7 @@ echo DONE
 
 #[test]
 fn deb_installs_on_a_fresh_debian_root_with_man_page_and_completion() {
-    require_root();
+    require_root!();
     let root = debian_root();
     let deb = build_deb();
     let tmp = TempDir::new("deb");

@@ -104,6 +104,7 @@ fn assert_returned_as(f: &Fixture, pod: &Netns, host_name: &str) {
 
 #[test]
 fn del_returns_the_device_under_its_alias_down() {
+    require_root!();
     let f = fixture(Some(json!({"names": ["dev*"]})));
     let pod = pod_with_device(&f, "c-1");
     f.del("c-1", "eth0", Some(&pod.path_str()), None)
@@ -122,6 +123,7 @@ fn del_returns_the_device_under_its_alias_down() {
 
 #[test]
 fn taken_alias_falls_back_and_nothing_on_the_host_is_renamed() {
+    require_root!();
     let f = fixture(Some(json!({"names": ["dev*"]})));
     run({
         let mut c = f.host.cmd("ip");
@@ -146,6 +148,7 @@ fn taken_alias_falls_back_and_nothing_on_the_host_is_renamed() {
 
 #[test]
 fn gc_returns_the_device_of_a_not_valid_record_whose_namespace_lives() {
+    require_root!();
     let f = fixture(Some(json!({"names": ["dev*"]})));
     let pod = pod_with_device(&f, "c-3");
     let valid = f.tmp.path().join("valid.json");
@@ -171,6 +174,7 @@ fn gc_returns_the_device_of_a_not_valid_record_whose_namespace_lives() {
 
 #[test]
 fn without_the_option_del_leaves_the_link_alone() {
+    require_root!();
     let f = fixture(None);
     let pod = pod_with_device(&f, "c-4");
     f.del("c-4", "eth0", Some(&pod.path_str()), None).unwrap();
@@ -184,6 +188,7 @@ fn without_the_option_del_leaves_the_link_alone() {
 
 #[test]
 fn a_device_that_cannot_move_never_fails_del_and_list_shows_it() {
+    require_root!();
     let f = fixture(Some(json!({"names": ["dev*"]})));
     let pod = pod_with_device(&f, "c-5");
     // A bridge is local to its namespace: the kernel refuses to move it.
@@ -219,6 +224,7 @@ fn a_device_that_cannot_move_never_fails_del_and_list_shows_it() {
 
 #[test]
 fn a_namespace_that_is_not_the_recorded_one_is_left_alone() {
+    require_root!();
     let f = fixture(Some(json!({"names": ["dev*"]})));
     let mut pod = Netns::new();
     f.add("c-6", "eth0", Some(&pod.path_str()), None).unwrap();
@@ -241,6 +247,7 @@ fn a_namespace_that_is_not_the_recorded_one_is_left_alone() {
 
 #[test]
 fn true_returns_only_device_backed_links_so_a_veth_stays() {
+    require_root!();
     let f = fixture(Some(json!(true)));
     let pod = pod_with_device(&f, "c-7");
     f.del("c-7", "eth0", Some(&pod.path_str()), None)
@@ -260,6 +267,7 @@ fn true_returns_only_device_backed_links_so_a_veth_stays() {
 /// the recorded one (another cookie) gives up nothing, even at the recorded path.
 #[test]
 fn only_the_namespace_with_the_recorded_cookie_gives_up_devices() {
+    require_root!();
     use cni_ledger::devices::{return_devices, Spec};
     let f = fixture(Some(json!({"names": ["dev*"]})));
     let pod = pod_with_device(&f, "c-cookie");

@@ -44,10 +44,6 @@ fn fixture(only_inlined: bool) -> (Fixture, PathBuf) {
     (f, dropin)
 }
 
-fn port_mappings() -> Value {
-    json!({"portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]})
-}
-
 /// `(type, source)` of each plugin of a `list --json` row's chain.
 fn chain_of(row: &Value) -> Vec<(String, String)> {
     row["chain"]
@@ -104,6 +100,7 @@ fn replayed_types(r: &Value) -> Vec<String> {
 
 #[test]
 fn dropin_portmap_is_snapshotted_and_released_by_gc() {
+    require_root!();
     let (f, dropin) = fixture(false);
     let conf_file = f.conf_file.display().to_string();
     let dropin_file = dropin.display().to_string();
@@ -114,8 +111,13 @@ fn dropin_portmap_is_snapshotted_and_released_by_gc() {
     );
     let mut ns = Netns::new();
     let cid = "c-dropin";
-    f.add(cid, "eth0", Some(&ns.path_str()), Some(&port_mappings()))
-        .unwrap_or_else(|e| panic!("{e}\nlog:\n{}", f.log()));
+    f.add(
+        cid,
+        "eth0",
+        Some(&ns.path_str()),
+        Some(&port_mappings(8080)),
+    )
+    .unwrap_or_else(|e| panic!("{e}\nlog:\n{}", f.log()));
     let nat = f.host.iptables_save();
     assert!(
         f.host
@@ -162,6 +164,7 @@ fn dropin_portmap_is_snapshotted_and_released_by_gc() {
 
 #[test]
 fn load_only_inlined_plugins_keeps_the_dropin_out_of_add_and_replay() {
+    require_root!();
     let (f, _dropin) = fixture(true);
     assert_eq!(
         f.load().unwrap(),
@@ -170,8 +173,13 @@ fn load_only_inlined_plugins_keeps_the_dropin_out_of_add_and_replay() {
     );
     let mut ns = Netns::new();
     let cid = "c-inlined";
-    f.add(cid, "eth0", Some(&ns.path_str()), Some(&port_mappings()))
-        .unwrap_or_else(|e| panic!("{e}\nlog:\n{}", f.log()));
+    f.add(
+        cid,
+        "eth0",
+        Some(&ns.path_str()),
+        Some(&port_mappings(8080)),
+    )
+    .unwrap_or_else(|e| panic!("{e}\nlog:\n{}", f.log()));
     assert!(
         f.host.nat_lines_for(cid).is_empty(),
         "portmap ran though only inlined plugins load:\n{}",
@@ -190,6 +198,7 @@ fn load_only_inlined_plugins_keeps_the_dropin_out_of_add_and_replay() {
 
 #[test]
 fn unparseable_dropin_fails_libcni_and_the_ledger_alike() {
+    require_root!();
     let (f, dropin) = fixture(false);
     fs::write(&dropin, br#"{"snat": false}"#).unwrap();
     let err = f

@@ -27,10 +27,6 @@ use serde_json::{json, Value};
 const PROBE: &str = "cl-probe";
 const PROBE_FAIL_MSG: &str = "cl-probe refuses DEL";
 
-fn port_mappings() -> Value {
-    json!({"portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]})
-}
-
 fn probe_source() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/plugins/cl-probe")
 }
@@ -297,10 +293,11 @@ fn plugin_in_host(f: &Fixture, env: &[(String, String)], stdin: &[u8]) -> Output
 
 #[test]
 fn seed_story_vanished_namespace_is_cleaned_from_the_snapshot() {
+    require_root!();
     let f = Fixture::new(); // [cni-ledger, bridge+host-local, portmap]
     let mut ns = Netns::new();
     let cid = "c-seed";
-    let ip = add_ok(&f, cid, &ns, Some(&port_mappings()));
+    let ip = add_ok(&f, cid, &ns, Some(&port_mappings(8080)));
 
     let nat = f.host.iptables_save();
     assert!(
@@ -381,6 +378,7 @@ fn seed_story_vanished_namespace_is_cleaned_from_the_snapshot() {
 
 #[test]
 fn only_vanished_namespaces_are_replayed_and_a_recreated_one_is_never_entered() {
+    require_root!();
     let f = fixture_with(
         true,
         vec![json!({"type": PROBE, "logFile": "{tmp}/probe.log"})],
@@ -479,6 +477,7 @@ fn only_vanished_namespaces_are_replayed_and_a_recreated_one_is_never_entered() 
 
 #[test]
 fn failing_plugin_keeps_the_record_with_backoff_but_others_still_release() {
+    require_root!();
     let f = fixture_with(
         true,
         vec![
@@ -488,7 +487,7 @@ fn failing_plugin_keeps_the_record_with_backoff_but_others_still_release() {
     let marker = f.tmp.path().join("fail-del");
     let mut ns = Netns::new();
     let cid = "c-fail";
-    let ip = add_ok(&f, cid, &ns, Some(&port_mappings()));
+    let ip = add_ok(&f, cid, &ns, Some(&port_mappings(8080)));
     fs::write(&marker, b"").unwrap();
     ns.delete();
 
@@ -583,13 +582,14 @@ fn failing_plugin_keeps_the_record_with_backoff_but_others_still_release() {
 
 #[test]
 fn dry_run_changes_no_file_and_runs_no_plugin() {
+    require_root!();
     let f = fixture_with(
         true,
         vec![json!({"type": PROBE, "logFile": "{tmp}/probe.log"})],
     );
     let mut ns = Netns::new();
     let cid = "c-dry";
-    let ip = add_ok(&f, cid, &ns, Some(&port_mappings()));
+    let ip = add_ok(&f, cid, &ns, Some(&port_mappings(8080)));
     ns.delete();
     // A damaged record too: a dry run must not quarantine it either.
     fs::write(
@@ -687,8 +687,8 @@ fn three_live() -> (Fixture, Vec<Netns>, Vec<String>) {
 
 /// A distinct host port per container (portmap refuses nothing, but keep them apart).
 fn port_mappings_for(cid: &str) -> Value {
-    let port = 8080 + cid.bytes().last().unwrap() as u64 - b'a' as u64;
-    json!({"portMappings": [{"hostPort": port, "containerPort": 80, "protocol": "tcp"}]})
+    let port = 8080 + u16::from(cid.bytes().last().unwrap() - b'a');
+    port_mappings(port)
 }
 
 fn valid_ab() -> Value {
@@ -729,6 +729,7 @@ fn assert_only_c_cleaned(f: &Fixture, nss: &[Netns], ips: &[String]) {
 
 #[test]
 fn valid_attachments_file_replays_exactly_the_unlisted_one() {
+    require_root!();
     let (f, nss, ips) = three_live();
     let file = f.tmp.path().join("valid.json");
     fs::write(&file, valid_ab().to_string()).unwrap();
@@ -835,11 +836,13 @@ fn gc_verb_replays_the_unlisted_one(key: &str) {
 
 #[test]
 fn gc_verb_valid_attachments_replays_exactly_the_unlisted_one() {
+    require_root!();
     gc_verb_replays_the_unlisted_one("cni.dev/valid-attachments");
 }
 
 #[test]
 fn gc_verb_older_attachments_key_replays_exactly_the_unlisted_one() {
+    require_root!();
     gc_verb_replays_the_unlisted_one("cni.dev/attachments");
 }
 
@@ -849,13 +852,14 @@ fn gc_verb_older_attachments_key_replays_exactly_the_unlisted_one() {
 
 #[test]
 fn changed_boot_id_replays_without_entering_the_surviving_namespace() {
+    require_root!();
     let f = fixture_with(
         true,
         vec![json!({"type": PROBE, "logFile": "{tmp}/probe.log"})],
     );
     let ns = Netns::new();
     let cid = "c-boot";
-    let cap = port_mappings();
+    let cap = port_mappings(8080);
     let mut c = f.driver_cmd("add", cid, "eth0", Some(&ns.path_str()), Some(&cap));
     c.env(
         "CNI_LEDGER_TEST_BOOT_ID",
@@ -897,6 +901,7 @@ fn changed_boot_id_replays_without_entering_the_surviving_namespace() {
 
 #[test]
 fn hanging_plugin_is_killed_at_the_timeout() {
+    require_root!();
     let f = fixture_with(
         false,
         vec![
@@ -957,6 +962,7 @@ fn hanging_plugin_is_killed_at_the_timeout() {
 
 #[test]
 fn gc_refuses_a_ledger_writable_or_owned_by_others() {
+    require_root!();
     let f = fixture_with(
         true,
         vec![json!({"type": PROBE, "logFile": "{tmp}/probe.log"})],
@@ -1017,6 +1023,7 @@ fn gc_refuses_a_ledger_writable_or_owned_by_others() {
 
 #[test]
 fn snapshot_with_path_plugin_types_executes_nothing_outside_cni_path() {
+    require_root!();
     let f = fixture_with(
         false,
         vec![
@@ -1071,6 +1078,7 @@ fn snapshot_with_path_plugin_types_executes_nothing_outside_cni_path() {
 
 #[test]
 fn symlink_in_records_is_reported_damaged_and_not_followed() {
+    require_root!();
     let f = fixture_with(
         true,
         vec![json!({"type": PROBE, "logFile": "{tmp}/probe.log"})],
@@ -1149,6 +1157,7 @@ fn gc_with_read_errno(f: &Fixture, errno: i32, name: &str, args: &[&str]) -> Out
 
 #[test]
 fn a_record_that_cannot_be_read_is_left_in_place_and_reported_unreadable() {
+    require_root!();
     let f = fixture_with(
         true,
         vec![json!({"type": PROBE, "logFile": "{tmp}/probe.log"})],
@@ -1220,6 +1229,7 @@ fn a_record_that_cannot_be_read_is_left_in_place_and_reported_unreadable() {
 
 #[test]
 fn the_cache_entry_is_gone_before_the_key_is_released() {
+    require_root!();
     // Once gc lets go of the key, an adopt that finds no record must find no cache
     // entry of the attachment just released either (or it would adopt it again).
     let f = fixture_with(false, vec![]);
@@ -1248,6 +1258,7 @@ fn the_cache_entry_is_gone_before_the_key_is_released() {
 
 #[test]
 fn no_file_descriptor_left_to_read_records_quarantines_nothing() {
+    require_root!();
     let f = fixture_with(
         true,
         vec![json!({"type": PROBE, "logFile": "{tmp}/probe.log"})],
@@ -1300,6 +1311,7 @@ fn no_file_descriptor_left_to_read_records_quarantines_nothing() {
 
 #[test]
 fn the_snapshot_of_an_unreadable_record_is_not_swept() {
+    require_root!();
     let f = fixture_with(false, vec![]);
     let mut ns_x = Netns::new();
     let mut ns_y = Netns::new();

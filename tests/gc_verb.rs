@@ -152,6 +152,7 @@ fn other_network_orphan_snapshot(f: &Fixture) -> String {
 
 #[test]
 fn failing_replay_is_reported_to_the_runtime_then_retried_and_per_network() {
+    require_root!();
     let spec = ChainSpec {
         portmap: false,
         ..ChainSpec::full()
@@ -274,6 +275,7 @@ fn failing_replay_is_reported_to_the_runtime_then_retried_and_per_network() {
 
 #[test]
 fn explicit_grace_is_honoured_and_no_error_for_it() {
+    require_root!();
     let mut f = Fixture::with_spec(ChainSpec {
         portmap: false,
         ..ChainSpec::full()
@@ -294,6 +296,7 @@ fn explicit_grace_is_honoured_and_no_error_for_it() {
 /// the log says so; an ADD that cannot names each thing once, with no debug text.
 #[test]
 fn unreachable_ledger_del_succeeds_and_says_so() {
+    require_root!();
     let f = Fixture::ledger_only();
     let blocker = f.tmp.path().join("a-file");
     fs::write(&blocker, b"").unwrap();
@@ -340,6 +343,7 @@ fn unreachable_ledger_del_succeeds_and_says_so() {
 /// a later `cni-ledger gc` with a longer timeout replays them all.
 #[test]
 fn hanging_del_is_cut_at_the_budget_and_records_are_kept_for_gc() {
+    require_root!();
     const BUDGET_SECS: u64 = 2;
     // Far past the budget, yet short enough for the later gc to wait it out.
     const HANG_SECS: u64 = 8;
@@ -472,6 +476,7 @@ printf '%s' "$stdin" | exec "$(dirname "$0")/cl-probe"
 /// only part that meets the hanging plugin, and the part timed.
 #[test]
 fn hanging_del_through_libcni13_gc_is_answered_within_the_budget() {
+    require_root!();
     const BUDGET_SECS: u64 = 2;
     // Killing the plugins and writing the records.
     const MARGIN: std::time::Duration = std::time::Duration::from_secs(3);

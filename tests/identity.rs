@@ -359,6 +359,7 @@ fn assert_only_the_dead_released(
 
 #[test]
 fn recycled_pid_in_a_namespace_on_the_dead_inode_is_replaced_and_never_entered() {
+    require_root!();
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let f = guarded_fixture();
     // containerd's layout: the sandbox's namespace is /proc/<task pid>/ns/net.
@@ -395,6 +396,7 @@ fn recycled_pid_in_a_namespace_on_the_dead_inode_is_replaced_and_never_entered()
 
 #[test]
 fn named_namespace_recreated_on_the_dead_inode_is_replaced_and_never_entered() {
+    require_root!();
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let f = guarded_fixture();
     let mut ns = Netns::new();
@@ -440,6 +442,7 @@ fn named_namespace_recreated_on_the_dead_inode_is_replaced_and_never_entered() {
 
 #[test]
 fn pid_recycled_by_a_host_process_is_replaced_and_the_host_untouched() {
+    require_root!();
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let f = guarded_fixture();
     let mut old = start(sleeper(&["unshare", "--net"]));
@@ -495,11 +498,11 @@ fn pid_recycled_by_a_host_process_is_replaced_and_the_host_untouched() {
 
 #[test]
 fn both_cookie_sources_give_the_same_value() {
+    require_root!();
     // Kernels 5.14 to 6.17 have only the socket way; this kernel has both, so the
     // fallback is checked against the ioctl here.
     use cni_ledger::sandbox::identity;
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    require_root();
     let ns = Netns::new();
     let mut seen = Vec::new();
     for path in ["/proc/self/ns/net".to_string(), ns.path_str()] {

@@ -334,6 +334,7 @@ fn del_with_netconfpath(f: &Fixture, cid: &str, ns: &Netns, cap: Option<&Value>)
 
 #[test]
 fn libcni_runs_the_injected_conflist_and_the_ledger_records_it() {
+    require_root!();
     let f = Fixture::new();
     let bytes = install_injected(&f, "portmap.conflist");
     assert_eq!(f.load().unwrap(), ["cni-ledger", "bridge", "portmap"]);
@@ -380,6 +381,7 @@ fn libcni_runs_the_injected_conflist_and_the_ledger_records_it() {
 
 #[test]
 fn libcni_runs_an_injected_conflist_without_capabilities() {
+    require_root!();
     let f = Fixture::ledger_only();
     install_injected(&f, "plain.conflist");
     assert_eq!(f.load().unwrap(), ["cni-ledger", "bridge"]);

@@ -64,7 +64,7 @@ fn key_ns(cid: &str, live: &[String], doomed: &[String]) -> (String, bool) {
 
 #[test]
 fn concurrent_add_del_and_overlapping_gc() {
-    require_root();
+    require_root!();
     let w = World::new("load", "load", "0.05");
     let live: Vec<Netns> = (0..LIVE_NS).map(|_| Netns::with_prefix("cll")).collect();
     let mut doomed: Vec<Netns> = (0..DOOMED_NS).map(|_| Netns::with_prefix("clx")).collect();

@@ -14,7 +14,7 @@
 mod common;
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use common::*;
@@ -64,29 +64,8 @@ struct Platform {
     service_account: Option<&'static str>,
 }
 
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
 fn kubernetes_dir() -> PathBuf {
     repo().join("deploy/kubernetes")
-}
-
-fn tool(path: &str, made_by: &str) -> PathBuf {
-    let p = repo().join(path);
-    assert!(
-        p.exists(),
-        "{} missing: run scripts/test.sh ({made_by})",
-        p.display()
-    );
-    p
-}
-
-fn venv_bin(name: &str) -> PathBuf {
-    tool(
-        &format!("target/test-venv/bin/{name}"),
-        "it makes target/test-venv with kubernetes-validate and PyYAML",
-    )
 }
 
 fn ok(out: Output, what: &str) -> Output {
@@ -230,6 +209,7 @@ fn assert_memory_limit_fits_the_replays(ds: &Value, what: &str) {
 
 #[test]
 fn the_manifest_the_readme_applies_is_the_base_as_kustomize_builds_it() {
+    require_tools!("target/kustomize", "target/test-venv");
     let applied = fs::read_to_string(kubernetes_dir().join("cni-ledger.yaml")).unwrap();
     let base = fs::read_to_string(kubernetes_dir().join("base/cni-ledger.yaml")).unwrap();
     assert!(
@@ -246,6 +226,7 @@ fn the_manifest_the_readme_applies_is_the_base_as_kustomize_builds_it() {
 
 #[test]
 fn manifest_validates_against_the_kubernetes_schema_and_says_what_the_issue_asks() {
+    require_tools!("target/kustomize", "target/test-venv");
     let yaml = fs::read_to_string(kubernetes_dir().join("cni-ledger.yaml")).unwrap();
     validate(&yaml, "deploy/kubernetes/cni-ledger.yaml");
     let ds = daemonset(&documents(&yaml));
@@ -335,6 +316,7 @@ fn without_platform_fields(ds: &Value) -> Value {
 
 #[test]
 fn each_overlay_builds_validates_and_names_its_platform_paths() {
+    require_tools!("target/kustomize", "target/test-venv");
     let base = daemonset(&documents(&kustomize_build("base")));
     let base_args = args(&base);
     for p in &PLATFORMS {
@@ -385,6 +367,7 @@ fn each_overlay_builds_validates_and_names_its_platform_paths() {
 
 #[test]
 fn every_flag_the_base_and_overlays_pass_is_a_flag_of_the_agent() {
+    require_tools!("target/kustomize", "target/test-venv");
     let out = ok(
         Command::new(ledger_bin())
             .args(["agent", "--help"])

@@ -19,6 +19,7 @@ use serde_json::json;
 
 #[test]
 fn add_with_default_options_writes_nothing_to_stderr_and_log_level_info_does() {
+    require_root!();
     let f = Fixture::ledger_only();
     let ns = Netns::new();
     let netns = ns.path_str();
@@ -92,6 +93,7 @@ fn add_with_default_options_writes_nothing_to_stderr_and_log_level_info_does() {
 
 #[test]
 fn the_first_add_fsyncs_every_directory_it_created() {
+    require_root!();
     let f = Fixture::ledger_only();
     let ns = Netns::new();
     // Two ancestors that do not exist yet, then the ledger itself.
@@ -143,6 +145,7 @@ fn the_first_add_fsyncs_every_directory_it_created() {
 
 #[test]
 fn an_add_let_through_by_on_ledger_error_warn_still_reports_the_error() {
+    require_root!();
     let f = Fixture::ledger_only();
     let ns = Netns::new();
     let blocker = f.tmp.path().join("blocker");

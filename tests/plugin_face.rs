@@ -15,10 +15,6 @@ use std::fs;
 use common::*;
 use serde_json::{json, Value};
 
-fn port_mappings() -> Value {
-    json!({"portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]})
-}
-
 fn as_u64(v: &Value) -> Option<u64> {
     v.as_u64()
         .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
@@ -36,11 +32,12 @@ fn row_for<'a>(rows: &'a [Value], cid: &str) -> &'a Value {
 
 #[test]
 fn add_del_through_libcni_with_bridge_and_portmap() {
+    require_root!();
     let f = Fixture::new();
     assert_eq!(f.load().unwrap(), vec!["cni-ledger", "bridge", "portmap"]);
     let ns = Netns::new();
     let netns = ns.path_str();
-    let cap = port_mappings();
+    let cap = port_mappings(8080);
 
     let res = f
         .add("c-one", "eth0", Some(&netns), Some(&cap))
@@ -184,6 +181,7 @@ fn add_del_through_libcni_with_bridge_and_portmap() {
 
 #[test]
 fn add_failing_later_in_chain_keeps_record_without_libcni_cache() {
+    require_root!();
     let spec = ChainSpec {
         portmap: false,
         ..ChainSpec::full()
@@ -238,6 +236,7 @@ fn add_failing_later_in_chain_keeps_record_without_libcni_cache() {
 
 #[test]
 fn list_reports_missing_replaced_and_live_namespaces() {
+    require_root!();
     let f = Fixture::new();
     let mut gone = Netns::new();
     let mut replaced = Netns::new();
@@ -297,6 +296,7 @@ fn list_reports_missing_replaced_and_live_namespaces() {
 
 #[test]
 fn parallel_adds_through_libcni_are_all_recorded() {
+    require_root!();
     const N: usize = 64;
     let f = Fixture::ledger_only();
     let ns = Netns::new();
@@ -389,6 +389,7 @@ fn parallel_adds_through_libcni_are_all_recorded() {
 
 #[test]
 fn damaged_records_are_reported_and_quarantined() {
+    require_root!();
     let f = Fixture::ledger_only();
     let ns = Netns::new();
     let netns = ns.path_str();
@@ -519,6 +520,7 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 
 #[test]
 fn bad_inputs_are_rejected_with_cni_errors_and_write_nothing() {
+    require_root!();
     let f = Fixture::ledger_only();
     let ns = Netns::new();
     let netns = ns.path_str();
@@ -680,6 +682,7 @@ fn bad_inputs_are_rejected_with_cni_errors_and_write_nothing() {
 
 #[test]
 fn ledger_under_a_regular_file_fails_add_unless_warn() {
+    require_root!();
     let mut f = Fixture::ledger_only();
     let ns = Netns::new();
     let netns = ns.path_str();
@@ -738,6 +741,7 @@ fn ledger_under_a_regular_file_fails_add_unless_warn() {
 
 #[test]
 fn read_only_ledger_fails_add_unless_warn_and_status_reports_50() {
+    require_root!();
     let f = Fixture::ledger_only();
     let ns = Netns::new();
     let netns = ns.path_str();
@@ -829,6 +833,7 @@ fn version_lists_the_five_supported_versions() {
 
 #[test]
 fn status_succeeds_on_a_writable_ledger() {
+    require_root!();
     let f = Fixture::ledger_only();
     let stdin = serde_json::to_vec(&f.plugin_stdin("1.1.0")).unwrap();
     // Not created yet, but creatable.
@@ -847,6 +852,7 @@ fn status_succeeds_on_a_writable_ledger() {
 
 #[test]
 fn check_errors_without_a_record() {
+    require_root!();
     let f = Fixture::ledger_only();
     let ns = Netns::new();
     let netns = ns.path_str();
@@ -893,6 +899,7 @@ fn check_errors_without_a_record() {
 
 #[test]
 fn add_prints_prev_result_unchanged_or_an_empty_result_in_the_requested_version() {
+    require_root!();
     let f = Fixture::ledger_only();
     let ns = Netns::new();
     let netns = ns.path_str();
@@ -944,6 +951,7 @@ fn add_prints_prev_result_unchanged_or_an_empty_result_in_the_requested_version(
 
 #[test]
 fn del_succeeds_and_drops_the_record_when_the_namespace_is_gone() {
+    require_root!();
     let f = Fixture::new();
     let mut ns = Netns::new();
     let netns = ns.path_str();
@@ -964,6 +972,7 @@ fn del_succeeds_and_drops_the_record_when_the_namespace_is_gone() {
 
 #[test]
 fn add_warns_when_a_later_plugin_declares_a_capability_the_ledger_does_not() {
+    require_root!();
     // The ledger's entry declares no capabilities although portmap declares portMappings.
     let spec = ChainSpec::full().with_ledger_opt("capabilities", json!({}));
     let f = Fixture::with_spec(spec);
@@ -972,7 +981,7 @@ fn add_warns_when_a_later_plugin_declares_a_capability_the_ledger_does_not() {
         "c-cap",
         "eth0",
         Some(&ns.path_str()),
-        Some(&port_mappings()),
+        Some(&port_mappings(8080)),
     )
     .expect("ADD");
     let log = f.log();

@@ -74,7 +74,7 @@ fn modes(dir: &Path) -> Vec<(String, bool, u32)> {
 
 #[test]
 fn ledger_files_are_0600_and_dirs_0700_whatever_the_umask() {
-    require_root();
+    require_root!();
     let w = World::new("sec", "sec", "0");
     let live = Netns::with_prefix("cls");
     let mut gone = Netns::with_prefix("cls");
@@ -120,7 +120,7 @@ fn ledger_files_are_0600_and_dirs_0700_whatever_the_umask() {
 
 #[test]
 fn gc_refuses_a_ledger_others_could_write() {
-    require_root();
+    require_root!();
     let w = World::new("sec", "sec", "0");
     let mut gone = Netns::with_prefix("cls");
     w.add("stale", &gone.path_str(), &[]);
@@ -204,7 +204,7 @@ fn gc_refuses_a_ledger_others_could_write() {
 
 #[test]
 fn symlinks_planted_in_the_ledger_are_not_followed() {
-    require_root();
+    require_root!();
     let w = World::new("sec", "sec", "0");
     let outside = TempDir::new("outside");
     let mut gone = Netns::with_prefix("cls");
@@ -347,7 +347,7 @@ fn symlinks_planted_in_the_ledger_are_not_followed() {
 
 #[test]
 fn plugin_types_that_are_not_bare_names_are_never_executed() {
-    require_root();
+    require_root!();
     let w = World::new("sec", "sec", "0");
     // A script one directory up from the CNI bin dir, reachable as "../evil".
     let evil_log = w.root().join("evil-ran");

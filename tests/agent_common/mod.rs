@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::{ledger_bin, Fixture};
 use serde_json::Value;
 
 pub struct Agent {
@@ -236,4 +237,32 @@ pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Durat
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// The fixture's chain without the ledger: `[bridge+host-local, portmap]`.
+pub fn plain_conflist(f: &Fixture) -> Value {
+    let mut doc = f.conflist(&f.spec);
+    doc["plugins"].as_array_mut().unwrap().remove(0);
+    doc
+}
+
+/// Writes `doc` over `path` in place, as an editor or `cat >` would.
+pub fn write_in_place(path: &Path, doc: &Value) {
+    fs::write(path, serde_json::to_vec_pretty(doc).unwrap()).unwrap();
+}
+
+/// Writes `doc` to `tmp_name` beside `path`, then renames it over `path`, as an
+/// installer replacing the file whole would.
+pub fn write_by_rename(path: &Path, doc: &Value, tmp_name: &str) {
+    let tmp = path.with_file_name(tmp_name);
+    fs::write(&tmp, serde_json::to_vec_pretty(doc).unwrap()).unwrap();
+    fs::rename(&tmp, path).unwrap();
+}
+
+/// A bin dir already holding the binary under test, so the agent's start is not a copy.
+pub fn preinstalled_bin(f: &Fixture) -> PathBuf {
+    let dir = f.tmp.path().join("agent-bin");
+    fs::create_dir_all(&dir).unwrap();
+    fs::copy(ledger_bin(), dir.join("cni-ledger")).unwrap();
+    dir
 }

@@ -9,8 +9,33 @@
 //! network namespace; the namespace dies with the test. Files live in a per-test temp
 //! dir (`TempDir`), removed on drop (set `CL_KEEP_TMP=1` to keep it for debugging).
 //!
-//! All of this needs root: `require_root()` panics (never skips) without it.
+//! All of this needs root (only `inproc`, the no-root tier's, does not). Each root test
+//! starts with `require_root!()` (root.rs), which skips it (one line per binary on
+//! stderr) for a normal user and fails it instead under CI; `require_root()` inside the
+//! harness panics should a test lack that line.
+//!
+//! Here: `Fixture` and its chain, temp dirs, running processes and plugins. Beside it:
+//! `tools` (cni-ledger, the libcni drivers, fetched tools), `netns` (`Netns`,
+//! `TestHost`), `containerd` (its config), `records` (reading ledger files), `root`,
+//! `inproc` (the plugin in-process over a temp ledger). See tests/README.md.
 #![allow(dead_code)]
+
+pub mod containerd;
+pub mod inproc;
+pub mod netns;
+pub mod records;
+pub mod root;
+pub mod tools;
+
+// One `use common::*` reaches them all; each binary uses some (as with dead_code above).
+#[allow(unused_imports)]
+pub use containerd::*;
+#[allow(unused_imports)]
+pub use netns::*;
+#[allow(unused_imports)]
+pub(crate) use root::{require_root, require_tools};
+#[allow(unused_imports)]
+pub use tools::*;
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -34,141 +59,19 @@ pub fn next_id() -> usize {
 }
 
 // ---------------------------------------------------------------------------------------
-// root, binaries
+// root (see root.rs for require_root!)
 // ---------------------------------------------------------------------------------------
 
-/// Panics with a clear message unless running as root. Tests never silently skip.
+/// Panics with a clear message unless running as root: the backstop inside the root
+/// harnesses (`Fixture`, ...) for a test that forgot `require_root!()`.
 pub fn require_root() {
-    // No libc dependency: read the effective uid from /proc.
-    let status = fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
-    let euid = status
-        .lines()
-        .find(|l| l.starts_with("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(2))
-        .and_then(|s| s.parse::<u32>().ok())
-        .expect("parse euid from /proc/self/status");
+    let euid = root::euid();
     if euid != 0 {
         panic!(
             "this test needs root (euid is {euid}): it creates network namespaces, bridges \
-             and iptables rules; run `sudo -E cargo test --features testing`"
+             and iptables rules; run scripts/test.sh as root"
         );
     }
-}
-
-/// The cni-ledger binary under test.
-pub fn ledger_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_cni-ledger"))
-}
-
-fn target_dir() -> PathBuf {
-    match option_env!("CARGO_TARGET_TMPDIR") {
-        Some(d) => PathBuf::from(d),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("target"),
-    }
-}
-
-/// Builds the libcni driver (tests/driver/) once per test binary and returns
-/// its path: Debian's golang-go and golang-github-appc-cni-dev (libcni 1.1).
-pub fn driver() -> PathBuf {
-    static DRIVER: OnceLock<PathBuf> = OnceLock::new();
-    DRIVER
-        .get_or_init(|| {
-            let go = std::env::var_os("GO").unwrap_or_else(|| "go".into());
-            build_driver(
-                "cni-driver",
-                Path::new("/usr/share/gocode"),
-                &go,
-                None,
-                None,
-            )
-        })
-        .clone()
-}
-
-/// The same driver built on libcni v1.3 (drop-ins, `loadOnlyInlinedPlugins`, and with
-/// the tag `cni13`, its `gc` command on `GCNetworkList`): Debian
-/// unstable's golang-github-appc-cni-dev and, since bookworm's Go cannot build it,
-/// unstable's Go 1.27, both unpacked under target/ by scripts/fetch-unstable.sh (as
-/// scripts/test.sh does; a no-op once fetched) and never installed.
-pub fn driver13() -> PathBuf {
-    static DRIVER: OnceLock<PathBuf> = OnceLock::new();
-    DRIVER
-        .get_or_init(|| {
-            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-            let cni = root.join("target/libcni-1.3");
-            let go = root.join("target/go-1.27");
-            for (pkg, dest) in [
-                ("golang-github-appc-cni-dev", &cni),
-                ("golang-1.27-go", &go),
-                ("golang-1.27-src", &go),
-            ] {
-                run_ok(
-                    Command::new("bash")
-                        .arg(root.join("scripts/fetch-unstable.sh"))
-                        .arg(pkg)
-                        .arg(dest),
-                );
-            }
-            let goroot = go.join("usr/lib/go-1.27");
-            build_driver(
-                "cni-driver-1.3",
-                &cni.join("usr/share/gocode"),
-                goroot.join("bin/go").as_os_str(),
-                Some(&goroot),
-                Some("cni13"),
-            )
-        })
-        .clone()
-}
-
-/// Builds the package in tests/driver/ in GOPATH mode against the libcni under `gopath`
-/// (with the build tags `tags`, which select code needing a newer libcni), to a
-/// private temp name then renamed, so test binaries running in parallel never see a
-/// half-written executable.
-fn build_driver(
-    name: &str,
-    gopath: &Path,
-    go: &OsStr,
-    goroot: Option<&Path>,
-    tags: Option<&str>,
-) -> PathBuf {
-    let dir = target_dir();
-    fs::create_dir_all(&dir).expect("create target dir");
-    let out = dir.join(name);
-    let tmp = dir.join(format!("{name}.{}.tmp", std::process::id()));
-    let mut cmd = Command::new(go);
-    cmd.arg("build");
-    if let Some(tags) = tags {
-        cmd.arg("-tags").arg(tags);
-    }
-    // The package, not main.go alone: the other files of the directory hold the
-    // per-libcni parts, chosen by the build tags.
-    cmd.arg("-o")
-        .arg(&tmp)
-        .arg("./tests/driver")
-        .env("GO111MODULE", "off")
-        .env("GOPATH", gopath)
-        .env("GOFLAGS", "")
-        .env("GOCACHE", dir.join("go-build-cache"))
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
-    if let Some(root) = goroot {
-        // Never a newer toolchain fetched from the network.
-        cmd.env("GOROOT", root).env("GOTOOLCHAIN", "local");
-    }
-    let res = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {go:?} (install golang-go): {e}"));
-    if !res.status.success() {
-        let _ = fs::remove_file(&tmp);
-        panic!(
-            "building the libcni driver {name} failed (needs golang-go and \
-             golang-github-appc-cni-dev):\n{}{}",
-            String::from_utf8_lossy(&res.stdout),
-            String::from_utf8_lossy(&res.stderr)
-        );
-    }
-    fs::rename(&tmp, &out).expect("rename driver into place");
-    out
 }
 
 // ---------------------------------------------------------------------------------------
@@ -228,10 +131,11 @@ pub fn mode_of(path: &Path) -> u32 {
 }
 
 // ---------------------------------------------------------------------------------------
-// network namespaces
+// processes
 // ---------------------------------------------------------------------------------------
 
-fn run_ok(cmd: &mut Command) -> Output {
+/// Runs `cmd`; panics with its output unless it succeeds.
+pub fn run_ok(cmd: &mut Command) -> Output {
     let out = cmd
         .output()
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
@@ -246,160 +150,14 @@ fn run_ok(cmd: &mut Command) -> Output {
     out
 }
 
-/// A named network namespace (`ip netns add`), deleted on drop if still present.
-pub struct Netns {
-    name: String,
-    deleted: bool,
-}
-
-impl Netns {
-    /// A new namespace named `cl-<pid>-<n>` (short: ip-netns names become mount paths).
-    pub fn new() -> Netns {
-        Self::with_prefix("cl")
-    }
-
-    pub fn with_prefix(prefix: &str) -> Netns {
-        let name = format!("{prefix}-{}-{}", std::process::id(), next_id());
-        Self::create(&name);
-        Netns {
-            name,
-            deleted: false,
-        }
-    }
-
-    fn create(name: &str) {
-        let out = Command::new("ip")
-            .args(["netns", "add", name])
-            .output()
-            .expect("run ip");
-        if !out.status.success() {
-            // A leftover from a killed run with a recycled pid: remove and retry once.
-            let _ = Command::new("ip").args(["netns", "del", name]).output();
-            run_ok(Command::new("ip").args(["netns", "add", name]));
-        }
-    }
-
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    pub fn path(&self) -> PathBuf {
-        PathBuf::from(format!("/run/netns/{}", self.name))
-    }
-
-    pub fn path_str(&self) -> String {
-        format!("/run/netns/{}", self.name)
-    }
-
-    /// Deletes the namespace now (as a reboot or a runtime losing it would).
-    pub fn delete(&mut self) {
-        if !self.deleted {
-            run_ok(Command::new("ip").args(["netns", "del", &self.name]));
-            self.deleted = true;
-        }
-    }
-
-    /// Deletes the namespace and creates a new, different one at the same path.
-    /// The old namespace is kept alive (an open fd) until the new one exists, so the
-    /// kernel cannot hand the new namespace the freed inode number of the old one.
-    pub fn replace(&mut self) {
-        let old = fs::File::open(self.path()).expect("open old netns");
-        run_ok(Command::new("ip").args(["netns", "del", &self.name]));
-        Self::create(&self.name);
-        self.deleted = false;
-        drop(old);
-    }
-
-    /// (st_dev, st_ino) of the nsfs file, as the ledger records it.
-    pub fn identity(&self) -> (u64, u64) {
-        use std::os::unix::fs::MetadataExt;
-        let m = fs::metadata(self.path()).expect("stat netns");
-        (m.dev(), m.ino())
-    }
-
-    /// Runs a command inside this namespace (`ip netns exec`).
-    pub fn exec<S: AsRef<OsStr>>(&self, prog: S) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.name]).arg(prog);
-        c
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        if !self.deleted && Path::new(&format!("/run/netns/{}", self.name)).exists() {
-            let _ = Command::new("ip")
-                .args(["netns", "del", &self.name])
-                .output();
-        }
-    }
-}
-
-/// The test's own stand-in for the host network namespace. The driver (libcni and the
-/// plugins it runs) and `cni-ledger gc` run inside it, so bridges, veth peers and
-/// iptables rules never touch the real host.
-pub struct TestHost {
-    ns: Netns,
-}
-
-impl TestHost {
-    pub fn new() -> TestHost {
-        let ns = Netns::with_prefix("clh");
-        run_ok(ns.exec("ip").args(["link", "set", "lo", "up"]));
-        TestHost { ns }
-    }
-
-    pub fn name(&self) -> &str {
-        self.ns.name()
-    }
-
-    /// `ip netns exec <host> <prog>`
-    pub fn cmd<S: AsRef<OsStr>>(&self, prog: S) -> Command {
-        self.ns.exec(prog)
-    }
-
-    /// `iptables-save` inside the host namespace.
-    /// `iptables-save -t nat` without its `# Generated/Completed on <time>` comments, so
-    /// two dumps of the same ruleset compare equal.
-    pub fn iptables_save(&self) -> String {
-        let out = run_ok(self.cmd("iptables-save").arg("-t").arg("nat"));
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .map(|l| format!("{l}\n"))
-            .collect()
-    }
-
-    /// Lines of the nat table that mention the container (portmap's comment names it).
-    pub fn nat_lines_for(&self, cid: &str) -> Vec<String> {
-        self.iptables_save()
-            .lines()
-            .filter(|l| l.contains(&format!(r#"id: \"{cid}\""#)))
-            .map(str::to_string)
-            .collect()
-    }
-
-    /// `iptables-save` of every table inside the host namespace.
-    pub fn iptables_save_all(&self) -> String {
-        let out = run_ok(&mut self.cmd("iptables-save"));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// Whether a link of that name exists inside the host namespace.
-    pub fn has_link(&self, name: &str) -> bool {
-        self.cmd("ip")
-            .args(["link", "show", "dev", name])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false)
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // fixture
 // ---------------------------------------------------------------------------------------
+
+/// The ingress a `portMappings` runtime arg asks for: `host_port` to the pod's 80/tcp.
+pub fn port_mappings(host_port: u16) -> Value {
+    json!({"portMappings": [{"hostPort": host_port, "containerPort": 80, "protocol": "tcp"}]})
+}
 
 /// What the fixture's conflist looks like.
 #[derive(Clone)]
@@ -1044,79 +802,4 @@ pub fn first_ip(result: &Value) -> String {
         .as_str()
         .unwrap_or_else(|| panic!("no ips[0].address in {result:#}"));
     cidr.split('/').next().unwrap_or(cidr).to_string()
-}
-
-/// Which containerd a test runs: the config format and plugin names differ.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ContainerdVersion {
-    /// Debian bookworm's containerd 1.6 (config `version = 2`, one CRI plugin).
-    V1_6,
-    /// Debian unstable's containerd 2.x (config `version = 3`, CRI split in runtime and
-    /// images plugins).
-    V2,
-}
-
-/// A config.toml for a containerd of the test's own: root, state and sockets under
-/// `dir`, gRPC at `address`, the CRI plugin's CNI dirs as given, in `version`'s format.
-pub fn containerd_config(
-    version: ContainerdVersion,
-    dir: &Path,
-    address: &str,
-    bin_dir: &Path,
-    conf_dir: &Path,
-    sandbox_image: &str,
-) -> String {
-    let d = dir.display();
-    let bin = bin_dir.display();
-    let conf = conf_dir.display();
-    let common = format!(
-        r#"root = "{d}/root"
-state = "{d}/state"
-[grpc]
-  address = "{address}"
-[ttrpc]
-  address = "{d}/containerd.sock.ttrpc"
-[debug]
-  address = "{d}/debug.sock"
-"#
-    );
-    // restrict_oom_score_adj: never below containerd's own OOM score. Lowering it needs
-    // CAP_SYS_RESOURCE, which a CI machine (itself a container) may not have.
-    match version {
-        ContainerdVersion::V1_6 => format!(
-            r#"version = 2
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.internal.v1.opt", "io.containerd.tracing.processor.v1.otlp"]
-{common}[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{sandbox_image}"
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{bin}"
-    conf_dir = "{conf}"
-"#
-        ),
-        // NRI is off: it would listen at the machine's /var/run/nri/nri.sock.
-        ContainerdVersion::V2 => format!(
-            r#"version = 3
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.blockfile",
-  "io.containerd.snapshotter.v1.erofs", "io.containerd.differ.v1.erofs",
-  "io.containerd.internal.v1.opt", "io.containerd.tracing.processor.v1.otlp",
-  "io.containerd.nri.v1.nri"]
-{common}[plugins.'io.containerd.cri.v1.images'.pinned_images]
-  sandbox = "{sandbox_image}"
-[plugins.'io.containerd.cri.v1.runtime']
-  restrict_oom_score_adj = true
-  [plugins.'io.containerd.cri.v1.runtime'.cni]
-    bin_dirs = ["{bin}"]
-    conf_dir = "{conf}"
-[plugins.'io.containerd.grpc.v1.cri']
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-"#
-        ),
-    }
 }

@@ -73,11 +73,6 @@ pub struct SandboxIdRequest {
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Empty {}
 
-pub fn run_ok(cmd: &mut Command) {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(out.status.success(), "{cmd:?}: {}", describe(&out));
-}
-
 /// The dir holding `version`'s containerd, its runc shim and ctr; None: the system's,
 /// on PATH. containerd 2.x is Debian unstable's .deb unpacked into target/containerd-2 by
 /// scripts/fetch-unstable.sh (as scripts/test.sh does; a no-op once fetched): its Go
