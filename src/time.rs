@@ -75,6 +75,15 @@ fn born_this_boot(dir: &str) -> Option<i64> {
     let born = std::fs::metadata(dir).ok()?.created().ok()?;
     let secs = born.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs();
     i64::try_from(secs).ok().filter(|&s| s > 0)
+/// Nanoseconds since boot on CLOCK_BOOTTIME (see `since_boot`): the chain's timings.
+pub fn since_boot_ns() -> Option<u64> {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .ok()
+        .and_then(|t| {
+            let secs = u64::try_from(t.tv_sec()).ok()?;
+            let nanos = u64::try_from(t.tv_nsec()).ok()?;
+            secs.checked_mul(1_000_000_000)?.checked_add(nanos)
+        })
 }
 
 // Days from civil date and back: Howard Hinnant's algorithms, proleptic Gregorian.
