@@ -75,6 +75,8 @@ fn born_this_boot(dir: &str) -> Option<i64> {
     let born = std::fs::metadata(dir).ok()?.created().ok()?;
     let secs = born.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs();
     i64::try_from(secs).ok().filter(|&s| s > 0)
+}
+
 /// Nanoseconds since boot on CLOCK_BOOTTIME (see `since_boot`): the chain's timings.
 pub fn since_boot_ns() -> Option<u64> {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)

@@ -183,6 +183,7 @@ impl<'a> Conflists<'a> {
         let entry = EntryOptions {
             ledger_dir: self.entry_ledger.as_deref(),
             conf_dir: self.entry_conf.as_deref(),
+            no_tail: self.opts.no_tail,
         };
         let planned = match injection::plan(path, &bytes, &self.opts.plugin_type, &entry, false) {
             Ok(p) => p,
@@ -231,6 +232,7 @@ impl<'a> Conflists<'a> {
         let entry = EntryOptions {
             ledger_dir: self.entry_ledger.as_deref(),
             conf_dir: self.entry_conf.as_deref(),
+            no_tail: self.opts.no_tail,
         };
         let planned = std::fs::read(path)
             .with_context(|| format!("reading {} through the link", path.display()))
@@ -332,6 +334,7 @@ impl<'a> Conflists<'a> {
         let entry = EntryOptions {
             ledger_dir: self.entry_ledger.as_deref(),
             conf_dir: self.entry_conf.as_deref(),
+            no_tail: self.opts.no_tail,
         };
         let st = self.files.entry(path.to_path_buf()).or_default();
         if st.converted {

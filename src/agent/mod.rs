@@ -55,6 +55,8 @@ pub struct Options {
     /// The networks they judge; empty: the chosen conflists' networks that the runtime
     /// says it serves (or all of them, for a runtime that does not say).
     pub cri_networks: Vec<String>,
+    /// `--no-tail`: place no tail entry, and take out one that is there.
+    pub no_tail: bool,
 }
 
 /// Which CRI runtimes the agent asks.

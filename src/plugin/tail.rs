@@ -78,7 +78,7 @@ fn rewrite(
     let mut rec = match ledger.read(&stem).map_err(NotNoted::Ledger)? {
         Some(Decoded::Ok(rec)) => rec,
         None => return Err(NotNoted::NoRecord),
-        Some(Decoded::Damaged(reason, _)) => return Err(NotNoted::Unusable(reason.into())),
+        Some(Decoded::Damaged(d)) => return Err(NotNoted::Unusable(d.reason.as_str().into())),
         Some(Decoded::Newer(format)) => return Err(NotNoted::Unusable(format!("format {format}"))),
         Some(Decoded::Unreadable(why)) => return Err(NotNoted::Unusable(why)),
     };
