@@ -51,6 +51,7 @@ pub const KEYS: &[Key] = &[
     key("logFile", "path", "none: stderr"),
     key("logLevel", "string", "error"),
     key("onLedgerError", "string", "fail"),
+    key("role", "string", "head"),
     key("capabilities", "object", "{}"),
     key("lockTimeoutMs", "integer", "5000"),
     key("gcGraceSecs", "integer", "none: 0"),
@@ -315,6 +316,10 @@ mod tests {
                         parse(given.as_bytes()).unwrap().on_ledger_error,
                         c.on_ledger_error
                     );
+                }
+                "role" => {
+                    let given = format!(r#"{{"name":"n","role":"{d}"}}"#);
+                    assert_eq!(parse(given.as_bytes()).unwrap().role, c.role);
                 }
                 "capabilities" => assert!(c.capabilities.is_empty() && d == "{}"),
                 "lockTimeoutMs" => assert_eq!(c.lock_timeout_ms.to_string(), d),
