@@ -399,11 +399,12 @@ pub fn run(args: Args) -> Result<i32> {
     }
     cells.sort_unstable();
     cells.extend(others.iter().map(other_cells));
-    cells.extend(
-        device_notes
-            .iter()
-            .map(|(path, note)| crate::devices::note::table_row(path, note, now)),
-    );
+    cells.extend(device_notes.iter().map(|(path, note)| {
+        let mut cells = crate::devices::note::table_row(path, note, now);
+        // No chain to speak of: the CHAIN column, before NETNS.
+        cells.insert(cells.len().saturating_sub(1), "-".into());
+        cells
+    }));
     super::print_table(
         &[
             "NETWORK",
