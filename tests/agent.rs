@@ -647,3 +647,42 @@ fn attachments_made_while_the_ledger_was_out_are_adopted_after_injection() {
     .unwrap_or_else(|| panic!("gap not closed:\n{}", agent.metrics()));
     assert_eq!(agent.stop(10).code(), Some(0));
 }
+
+#[test]
+fn agent_places_the_tail_last_and_no_tail_takes_it_out() {
+    let f = Fixture::new();
+    write_plain(&f.conf_file, &plain_conflist(&f));
+    let bin = preinstalled_bin(&f);
+    let log = f.tmp.path().join("agent.log");
+    let has_tail = |path: &Path| types_in(path).len() == 4;
+
+    let mut agent = Agent::start(&ledger_bin(), &agent_args(&f, &bin, &[]), &log, None);
+    wait_for(5 * SECOND, || has_tail(&f.conf_file))
+        .unwrap_or_else(|| panic!("no tail placed:\n{}", agent.log_text()));
+    let doc: Value = serde_json::from_slice(&fs::read(&f.conf_file).unwrap()).unwrap();
+    assert_eq!(doc["plugins"][3]["role"], json!("tail"), "{doc:#}");
+    assert_eq!(
+        doc["plugins"][3]["ledgerDir"],
+        doc["plugins"][0]["ledgerDir"]
+    );
+    // Through libcni, the agent's conflist completes the record.
+    let ns = Netns::new();
+    f.add("c-agent-tail", "eth0", Some(&ns.path_str()), None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let row = f.list_row("c-agent-tail", "eth0").expect("no record");
+    assert_eq!(row["chainState"], json!("completed"), "{row:#}");
+    f.del("c-agent-tail", "eth0", Some(&ns.path_str()), None)
+        .unwrap();
+    assert_eq!(agent.stop(10).code(), Some(0));
+
+    let mut agent = Agent::start(
+        &ledger_bin(),
+        &agent_args(&f, &bin, &["--no-tail"]),
+        &log,
+        None,
+    );
+    wait_for(5 * SECOND, || types_in(&f.conf_file).len() == 3)
+        .unwrap_or_else(|| panic!("--no-tail left the tail:\n{}", agent.log_text()));
+    assert!(ledger_first(&f.conf_file));
+    assert_eq!(agent.stop(10).code(), Some(0));
+}
