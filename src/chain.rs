@@ -2,7 +2,6 @@
 //! record before any other plugin runs, the tail completes it once every plugin's ADD
 //! has succeeded and notes when a DEL begins. From those fields a record's state.
 
-use crate::conflist;
 use crate::ledger::Record;
 use serde_json::Value;
 
@@ -76,22 +75,27 @@ pub fn add_seconds(created_boot_ns: Option<u64>, completed_boot_ns: u64) -> Opti
     Some(ns as f64 / 1e9)
 }
 
+// The plugin list is read here by hand, not through `conflist` (a layer above this
+// one, docs/MODULES.md): `type` and `role` are all these need.
+fn is_ours(plugin: &Value, ledger_type: &str) -> bool {
+    plugin.get("type").and_then(Value::as_str) == Some(ledger_type)
+}
+
 /// Whether a plugin config of a chain is the ledger's tail entry.
 pub fn is_tail(plugin: &Value, ledger_type: &str) -> bool {
-    conflist::plugin_type(plugin) == ledger_type
-        && plugin.get("role").and_then(Value::as_str) == Some(TAIL_ROLE)
+    is_ours(plugin, ledger_type) && plugin.get("role").and_then(Value::as_str) == Some(TAIL_ROLE)
 }
 
 /// Whether a plugin config of a chain is the ledger's head entry (any role but `tail`).
 pub fn is_head(plugin: &Value, ledger_type: &str) -> bool {
-    conflist::plugin_type(plugin) == ledger_type && !is_tail(plugin, ledger_type)
+    is_ours(plugin, ledger_type) && !is_tail(plugin, ledger_type)
 }
 
-/// Whether a loaded chain holds the ledger's tail entry.
+/// Whether a loaded chain (a conflist with its `plugins`) holds the ledger's tail entry.
 pub fn holds_tail(list: &Value, ledger_type: &str) -> bool {
-    conflist::plugins(list)
-        .iter()
-        .any(|p| is_tail(p, ledger_type))
+    list.get("plugins")
+        .and_then(Value::as_array)
+        .is_some_and(|plugins| plugins.iter().any(|p| is_tail(p, ledger_type)))
 }
 
 #[cfg(test)]
@@ -153,7 +157,7 @@ mod tests {
             {"type": "bridge", "role": "tail"},
             {"type": "cni-ledger", "role": "tail"},
         ]});
-        let p = conflist::plugins(&list);
+        let p = list["plugins"].as_array().unwrap();
         assert!(is_head(&p[0], "cni-ledger") && !is_tail(&p[0], "cni-ledger"));
         assert!(!is_tail(&p[1], "cni-ledger") && !is_head(&p[1], "cni-ledger"));
         assert!(is_tail(&p[2], "cni-ledger") && !is_head(&p[2], "cni-ledger"));
