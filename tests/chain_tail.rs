@@ -9,6 +9,7 @@
 // Tests may unwrap: a panic is a failed test with its message ([lints] in Cargo.toml).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod agent_common;
 mod common;
 
 use std::fs;
@@ -16,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use agent_common::{ledger_first, types_in, wait_for, Agent};
 use common::*;
 use serde_json::{json, Value};
 
@@ -376,4 +378,63 @@ fn inject_places_the_tail_last_idempotently_and_no_tail_takes_it_out() {
     assert_eq!(read(), once, "the tail came back other than it was");
     inject(&["--remove"], &file);
     assert_eq!(read(), doc);
+}
+
+#[test]
+fn agent_places_the_tail_last_and_no_tail_takes_it_out() {
+    // In this test binary, not tests/agent.rs: its other agents starting at once would
+    // slow this one's first injection past what that file's timing tests allow.
+    let f = Fixture::new();
+    let mut plain = f.conflist(&f.spec);
+    plain["plugins"].as_array_mut().unwrap().remove(0);
+    fs::write(&f.conf_file, serde_json::to_vec_pretty(&plain).unwrap()).unwrap();
+    let bin = f.tmp.path().join("agent-bin");
+    fs::create_dir_all(&bin).unwrap();
+    fs::copy(ledger_bin(), bin.join("cni-ledger")).unwrap();
+    let agent_args = |extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = [
+            "--cni-bin-dir",
+            bin.to_str().unwrap(),
+            "--conf-dir",
+            f.conf_dir.to_str().unwrap(),
+            "--ledger-dir",
+            f.ledger_dir.to_str().unwrap(),
+            "--cni-cache-dir",
+            f.cache_dir.to_str().unwrap(),
+            "--cri-endpoint",
+            "none",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let log = f.tmp.path().join("agent.log");
+    let has_tail = |path: &Path| types_in(path).len() == 4;
+
+    let mut agent = Agent::start(&ledger_bin(), &agent_args(&[]), &log, None);
+    wait_for(Duration::from_secs(5), || has_tail(&f.conf_file))
+        .unwrap_or_else(|| panic!("no tail placed:\n{}", agent.log_text()));
+    let doc: Value = serde_json::from_slice(&fs::read(&f.conf_file).unwrap()).unwrap();
+    assert_eq!(doc["plugins"][3]["role"], json!("tail"), "{doc:#}");
+    assert_eq!(
+        doc["plugins"][3]["ledgerDir"],
+        doc["plugins"][0]["ledgerDir"]
+    );
+    // Through libcni, the agent's conflist completes the record.
+    let ns = Netns::new();
+    f.add("c-agent-tail", "eth0", Some(&ns.path_str()), None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let row = f.list_row("c-agent-tail", "eth0").expect("no record");
+    assert_eq!(row["chainState"], json!("completed"), "{row:#}");
+    f.del("c-agent-tail", "eth0", Some(&ns.path_str()), None)
+        .unwrap();
+    assert_eq!(agent.stop(10).code(), Some(0));
+
+    let mut agent = Agent::start(&ledger_bin(), &agent_args(&["--no-tail"]), &log, None);
+    wait_for(Duration::from_secs(5), || types_in(&f.conf_file).len() == 3)
+        .unwrap_or_else(|| panic!("--no-tail left the tail:\n{}", agent.log_text()));
+    assert!(ledger_first(&f.conf_file));
+    assert_eq!(agent.stop(10).code(), Some(0));
 }
