@@ -66,11 +66,11 @@ fn key(conf: &NetConf, args: &CmdArgs) -> Key {
 fn rewrite(
     conf: &NetConf,
     key: &Key,
+    wait: Wait,
     note: impl FnOnce(&mut ChainNote, &crate::ledger::Record),
 ) -> Result<(), NotNoted> {
     let ledger = Ledger::at(&conf.ledger_dir);
     let stem = key.stem();
-    let wait = Wait::Upto(Duration::from_millis(conf.lock_timeout_ms));
     let _lock = ledger
         .lock(&stem, wait)
         .map_err(NotNoted::Ledger)?
@@ -96,7 +96,8 @@ fn add(conf: &NetConf, args: &CmdArgs) -> Value {
         .unwrap_or_else(|| empty_result(&conf.cni_version));
     let key = key(conf, args);
     let this_boot = crate::sandbox::boot_id().ok();
-    let completed = rewrite(conf, &key, |chain, rec| {
+    let wait = Wait::Upto(Duration::from_millis(conf.lock_timeout_ms));
+    let completed = rewrite(conf, &key, wait, |chain, rec| {
         chain.completed_at = Some(crate::time::rfc3339(crate::time::now()));
         chain.completed_boot_ns = completed_boot_ns;
         // Both stamps are on CLOCK_BOOTTIME: comparable only within the recorded boot.
@@ -118,7 +119,9 @@ fn add(conf: &NetConf, args: &CmdArgs) -> Value {
 fn del(conf: &NetConf, args: &CmdArgs) {
     let key = key(conf, args);
     let began_boot_ns = crate::time::since_boot_ns();
-    let noted = rewrite(conf, &key, |chain, _| {
+    // No wait: a key held now is a gc replay of this very attachment, whose record is
+    // going anyway; the head's DEL waits for it and answers the runtime.
+    let noted = rewrite(conf, &key, Wait::No, |chain, _| {
         chain.del_began_at = Some(crate::time::rfc3339(crate::time::now()));
         chain.del_began_boot_ns = began_boot_ns;
     });
