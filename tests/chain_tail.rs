@@ -388,28 +388,7 @@ fn agent_places_the_tail_last_and_no_tail_takes_it_out() {
     let mut plain = f.conflist(&f.spec);
     plain["plugins"].as_array_mut().unwrap().remove(0);
     fs::write(&f.conf_file, serde_json::to_vec_pretty(&plain).unwrap()).unwrap();
-    let bin = f.tmp.path().join("agent-bin");
-    fs::create_dir_all(&bin).unwrap();
-    fs::copy(ledger_bin(), bin.join("cni-ledger")).unwrap();
-    let agent_args = |extra: &[&str]| -> Vec<String> {
-        let mut v: Vec<String> = [
-            "--cni-bin-dir",
-            bin.to_str().unwrap(),
-            "--conf-dir",
-            f.conf_dir.to_str().unwrap(),
-            "--ledger-dir",
-            f.ledger_dir.to_str().unwrap(),
-            "--cni-cache-dir",
-            f.cache_dir.to_str().unwrap(),
-            "--cri-endpoint",
-            "none",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        v.extend(extra.iter().map(|s| s.to_string()));
-        v
-    };
+    let agent_args = |extra: &[&str]| agent_args(&f, extra);
     let log = f.tmp.path().join("agent.log");
     let has_tail = |path: &Path| types_in(path).len() == 4;
 
@@ -437,4 +416,78 @@ fn agent_places_the_tail_last_and_no_tail_takes_it_out() {
         .unwrap_or_else(|| panic!("--no-tail left the tail:\n{}", agent.log_text()));
     assert!(ledger_first(&f.conf_file));
     assert_eq!(agent.stop(10).code(), Some(0));
+}
+
+/// The agent's arguments for the fixture's directories (its own bin dir, no CRI runtime).
+fn agent_args(f: &Fixture, extra: &[&str]) -> Vec<String> {
+    let bin = f.tmp.path().join("agent-bin");
+    fs::create_dir_all(&bin).unwrap();
+    if !bin.join("cni-ledger").exists() {
+        fs::copy(ledger_bin(), bin.join("cni-ledger")).unwrap();
+    }
+    let mut v = Vec::new();
+    for (flag, dir) in [
+        ("--cni-bin-dir", &bin),
+        ("--conf-dir", &f.conf_dir),
+        ("--ledger-dir", &f.ledger_dir),
+        ("--cni-cache-dir", &f.cache_dir),
+    ] {
+        v.push(flag.to_string());
+        v.push(dir.display().to_string());
+    }
+    v.extend(["--cri-endpoint", "none"].map(String::from));
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+#[test]
+fn the_agent_places_the_drop_in_tail_of_a_network_with_drop_ins() {
+    let mut f = Fixture::with_spec(ChainSpec {
+        portmap: false,
+        ..ChainSpec::full()
+    });
+    f.driver = driver13();
+    install_probe(&f.bin_dir);
+    let mut plain = f.conflist(&f.spec);
+    plain["plugins"].as_array_mut().unwrap().remove(0);
+    f.write_conflist(&plain);
+    let dir = f.conf_dir.join(&f.network);
+    fs::create_dir_all(&dir).unwrap();
+    let probe = json!({"type": PROBE, "appendInterface": "dropin0"});
+    fs::write(dir.join("50-probe.conf"), probe.to_string()).unwrap();
+    let tail = dir.join("~cni-ledger-tail.conf");
+
+    let log = f.tmp.path().join("agent.log");
+    let mut agent = Agent::start(&ledger_bin(), &agent_args(&f, &[]), &log, None);
+    wait_for(Duration::from_secs(5), || {
+        tail.exists() && ledger_first(&f.conf_file)
+    })
+    .unwrap_or_else(|| panic!("no drop-in tail placed:\n{}", agent.log_text()));
+    assert_eq!(
+        types_in(&f.conf_file),
+        ["cni-ledger", "bridge"],
+        "a tail inline too"
+    );
+    assert_eq!(
+        f.load().unwrap(),
+        ["cni-ledger", "bridge", PROBE, "cni-ledger"]
+    );
+    let ns = Netns::new();
+    f.add("c-agent-dropin", "eth0", Some(&ns.path_str()), None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let rec = record(&f, "c-agent-dropin");
+    let ifaces = rec["chain"]["result"]["interfaces"].as_array().unwrap();
+    assert_eq!(ifaces.last().unwrap()["name"], json!("dropin0"), "{rec:#}");
+    assert_eq!(agent.stop(10).code(), Some(0));
+
+    // --uninstall takes the drop-in tail out with the head.
+    let out = Command::new(ledger_bin())
+        .arg("agent")
+        .args(agent_args(&f, &["--uninstall"]))
+        .env_remove("CNI_COMMAND")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(!tail.exists(), "--uninstall left the drop-in tail");
+    assert_eq!(types_in(&f.conf_file), ["bridge"]);
 }
