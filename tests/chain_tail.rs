@@ -88,6 +88,7 @@ fn list_row_with(f: &Fixture, cid: &str, extra: &[&str]) -> Value {
 
 #[test]
 fn the_tail_completes_the_record_with_the_result_and_the_time_the_chain_took() {
+    require_root!();
     let sleep = Duration::from_millis(700);
     let f = fixture(json!({"addSleepMs": sleep.as_millis() as u64}), true);
     let ns = Netns::new();
@@ -143,6 +144,7 @@ fn the_tail_completes_the_record_with_the_result_and_the_time_the_chain_took() {
 
 #[test]
 fn a_failed_add_is_never_completed_and_is_torn_down_or_left() {
+    require_root!();
     let f = fixture(json!({"failAdd": true}), true);
     let torn_ns = Netns::new();
     let left_ns = Netns::new();
@@ -196,6 +198,7 @@ fn replay_without_cache(tail: bool) -> (Fixture, Value, i32) {
 
 #[test]
 fn a_replay_without_libcni_cache_gives_prevresult_from_the_record() {
+    require_root!();
     let (f, r, code) = replay_without_cache(true);
     assert_eq!(code, 0, "{r:#}\nlog:\n{}", f.log());
     assert_eq!(r["action"], json!("replayed"), "{r:#}");
@@ -217,6 +220,7 @@ fn a_replay_without_libcni_cache_gives_prevresult_from_the_record() {
 
 #[test]
 fn without_a_tail_the_same_replay_has_no_prevresult() {
+    require_root!();
     // The control: the probe really fails without prevResult, so the test above proves
     // that the record's copy was passed.
     let (f, r, code) = replay_without_cache(false);
@@ -285,6 +289,7 @@ fn dropin_fixture(driver: PathBuf) -> (Fixture, PathBuf) {
 
 #[test]
 fn with_dropins_under_libcni_13_the_tail_runs_last_and_sees_their_effect() {
+    require_root!();
     let (f, tail) = dropin_fixture(driver13());
     assert_eq!(
         roles(&serde_json::from_slice(&f.conflist_bytes()).unwrap()),
@@ -331,6 +336,7 @@ fn with_dropins_under_libcni_13_the_tail_runs_last_and_sees_their_effect() {
 
 #[test]
 fn with_dropins_under_libcni_11_nothing_of_the_dropin_dir_runs() {
+    require_root!();
     // libcni before v1.3 skips the drop-ins, the tail's with them: the record says the
     // chain never completed, which is what its operator needs to see.
     let (f, _) = dropin_fixture(driver());
@@ -346,6 +352,7 @@ fn with_dropins_under_libcni_11_nothing_of_the_dropin_dir_runs() {
 
 #[test]
 fn inject_places_the_tail_last_idempotently_and_no_tail_takes_it_out() {
+    // Files only: runs as any user.
     let tmp = TempDir::new("tail-inject");
     let file = tmp.path().join("10-n.conflist");
     let doc = json!({"cniVersion": "1.0.0", "name": "n", "plugins": [
@@ -382,6 +389,7 @@ fn inject_places_the_tail_last_idempotently_and_no_tail_takes_it_out() {
 
 #[test]
 fn agent_places_the_tail_last_and_no_tail_takes_it_out() {
+    require_root!();
     // In this test binary, not tests/agent.rs: its other agents starting at once would
     // slow this one's first injection past what that file's timing tests allow.
     let f = Fixture::new();
@@ -442,6 +450,7 @@ fn agent_args(f: &Fixture, extra: &[&str]) -> Vec<String> {
 
 #[test]
 fn the_agent_places_the_drop_in_tail_of_a_network_with_drop_ins() {
+    require_root!();
     let mut f = Fixture::with_spec(ChainSpec {
         portmap: false,
         ..ChainSpec::full()
