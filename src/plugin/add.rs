@@ -127,7 +127,8 @@ fn record(conf: &NetConf, args: &CmdArgs, started_boot_ns: Option<u64>) -> Resul
         snapshot,
         conf_file,
         created_at: crate::time::rfc3339(now),
-        created_boot_secs: crate::time::since_boot(),
+        // One reading of the boot clock for both: the same instant, two resolutions.
+        created_boot_secs: started_boot_ns.map(|ns| ns / 1_000_000_000),
         created_boot_ns: started_boot_ns,
         add_id: add_id(),
         tail,
