@@ -25,7 +25,8 @@
 #      with and without cni-ledger first, with a portMappings capability arg; libcni DEL
 #      after each ADD, outside the timing; the same container netns for all variants.
 #      Context: the chain with a do-nothing C plugin (bench/noop-plugin.c) first instead,
-#      which is what any extra plugin costs libcni.
+#      which is what any extra plugin costs libcni. 2c: the same chain with the ledger's
+#      head and its tail entry (docs/CHAIN.md) vs the head alone: what the tail costs.
 #   3. ledger ADD with 100,000 existing records vs. with 10 (records made by
 #      bench/gen_records.py: valid, checksummed, correctly named, with their lock files).
 #   4. `cni-ledger gc --grace 0 --jobs $GC_JOBS` replaying N stale attachments (ADD
@@ -175,7 +176,7 @@ DW=$build/durable-write
 
 # ---------------------------------------------------------------------------- world
 rm -rf "$B"
-mkdir -p "$B"/{results,bin,cache,floor,conf-m1,conf-l,conf-p,conf-g,ipam}
+mkdir -p "$B"/{results,bin,cache,floor,conf-m1,conf-l,conf-p,conf-g,conf-t,ipam}
 chmod 700 "$B"
 R=$B/results
 # A copy, not a symlink: a concurrent `cargo build` must not swap the binary mid-run.
@@ -220,6 +221,10 @@ echo '{"cniVersion":"1.0.0"}' >"$B/version.json"
 conflist chainl "$(ledger_entry "$B/ledger-chain" "$B/conf-l")" "$(bridge_entry cbl$tag 198.18.0.0/24)" "$PORTMAP" \
 	>"$B/conf-l/10-chainl.conflist"
 conflist chainp "$(bridge_entry cbp$tag 198.18.1.0/24)" "$PORTMAP" >"$B/conf-p/10-chainp.conflist"
+# ... with the ledger's head and its tail (2c),
+conflist chaint "$(ledger_entry "$B/ledger-tail" "$B/conf-t")" "$(bridge_entry cbt$tag 198.18.4.0/24)" "$PORTMAP" \
+	"$(printf '{"type":"cni-ledger","role":"tail","ledgerDir":"%s"}' "$B/ledger-tail")" \
+	>"$B/conf-t/10-chaint.conflist"
 # ... and with a do-nothing C plugin in the ledger's place: libcni's cost of one more plugin.
 mkdir -p "$B/conf-n"
 conflist chainn '{"type":"noop"}' "$(bridge_entry cbn$tag 198.18.3.0/24)" "$PORTMAP" >"$B/conf-n/10-chainn.conflist"
@@ -348,6 +353,7 @@ if want 2; then
 		spec_driver chain-ledger "$B/conf-l" chainl "l$tag-"
 		spec_driver chain-plain "$B/conf-p" chainp "p$tag-"
 		spec_driver chain-noop "$B/conf-n" chainn "n$tag-"
+		spec_driver chain-tail "$B/conf-t" chaint "t$tag-"
 	} >"$B/spec-chain"
 	inhost "$HARNESS" -n "$RUNS_CHAIN" -w 3 -o "$R/chain.tsv" "$B/spec-chain"
 fi
@@ -478,6 +484,11 @@ if want 2; then
 	if want 1; then share=" (the floor of 1b is $(py "print('%.1f' % (100 * float(a[0]) / float(a[1])))" "$floor" "$chp")% of the plain chain)"; fi
 	rows+=("| 2 | chain ADD via libcni [bridge+host-local, portmap] with the ledger first vs without, $nchain rounds$share | $(ms "$chl") | $(ms "$chp") | $(xci "$r" "$l" "$h") | $(x "$c") | ≤ 1.03× | $(verdict "$r" 1.03) |")
 	rows+=("| 2b | (context) the same chain with a do-nothing C plugin (bench/noop-plugin.c) in the ledger's place vs without | $(ms "$chn") | $(ms "$chp") | $(xci "$rn" "$ln" "$hn") | $(x "$cn") | | |")
+	read -r cht _ _ _ _ _ <<<"$(med "$R/chain.tsv" chain-tail)"
+	read -r rt lt ht <<<"$(ratio "$R/chain.tsv" chain-tail chain-ledger)"
+	read -r ct _ _ <<<"$(ratio "$R/chain.tsv" chain-tail chain-ledger cpu)"
+	dt=$(py "print(float(a[0]) - float(a[1]))" "$cht" "$chl")
+	rows+=("| 2c | the same chain with the ledger's head and tail vs the head alone (the tail's cost: +$(ms "$dt") median) | $(ms "$cht") | $(ms "$chl") | $(xci "$rt" "$lt" "$ht") | $(x "$ct") | ≤ +1 ms | $(verdict "$dt" 1) |")
 else
 	rows+=("$(skipped 2 "chain ADD with vs without the ledger" "≤ 1.03×")")
 fi

@@ -1,7 +1,21 @@
 //! The ledger's place in a conflist, shared by `cni-ledger inject` and the node agent:
 //! first in the chain, declaring the union of the chain's capabilities (and nothing else:
-//! runtimes read a declared capability as "the chain handles it"). Files are replaced by
-//! rename, so a runtime watching the directory never reads half a file.
+//! runtimes read a declared capability as "the chain handles it"); and, unless opted out,
+//! its tail entry last (docs/CHAIN.md). Files are replaced by rename, so a runtime
+//! watching the directory never reads half a file.
+//!
+//! Where the tail goes. libcni v1.3 appends the drop-ins `<confdir>/<network>/*.conf`
+//! (sorted by name) after the conflist's own plugins; libcni before v1.3 never reads
+//! that directory. No single place is last under both and runs once under both, and two
+//! tails would complete every record twice. So: a network without drop-ins (the common
+//! case, and every network of an older runtime that works as configured) gets its tail
+//! as the conflist's last plugin, which every libcni runs last. A network with drop-ins
+//! of its own gets the tail as the drop-in `TAIL_DROPIN`, whose name sorts after any
+//! ordinary one, and none inline: a runtime that loads drop-ins runs it last, once. A
+//! runtime whose libcni predates v1.3 skips that network's drop-ins, theirs and the
+//! tail alike; the ledger (snapshot, `list`, replay) reads every chain as v1.3 loads
+//! it, and its records then show the chain as never completed, which is what the
+//! operator of such a node needs to see: the configured chain is not the one that runs.
 
 use crate::conflist;
 use anyhow::{bail, Context, Result};
@@ -14,6 +28,37 @@ use std::path::Path;
 pub struct EntryOptions<'a> {
     pub ledger_dir: Option<&'a Path>,
     pub conf_dir: Option<&'a Path>,
+    /// `--no-tail`: the chain gets no tail entry (an existing one is taken out).
+    pub no_tail: bool,
+}
+
+/// The file name of the tail when it is a drop-in: `~` sorts after every ASCII letter
+/// and digit, so libcni v1.3 (which sorts drop-ins by name) runs it last.
+pub const TAIL_DROPIN: &str = "~cni-ledger-tail.conf";
+
+/// The head's keys the tail takes over: the same ledger, the same log, the same wait
+/// for a key a replay holds. Copied on every edit, so the two never disagree.
+const TAIL_COPIES: &[&str] = &["ledgerDir", "logFile", "logLevel", "lockTimeoutMs"];
+
+/// The tail entry for the head entry `head`: `{"type": <ours>, "role": "tail"}` and the
+/// head's `TAIL_COPIES`. No capabilities: it needs no runtime args.
+pub fn tail_entry(head: &Map<String, Value>, plugin_type: &str) -> Value {
+    let mut tail = Map::new();
+    tail.insert("type".into(), Value::from(plugin_type));
+    tail.insert("role".into(), Value::from(crate::chain::TAIL_ROLE));
+    for key in TAIL_COPIES {
+        if let Some(v) = head.get(*key) {
+            tail.insert((*key).into(), v.clone());
+        }
+    }
+    Value::Object(tail)
+}
+
+/// Whether `dropins` (of the network being edited) hold any but our own tail.
+fn foreign_dropins(dropins: &[Value], plugin_type: &str) -> bool {
+    dropins
+        .iter()
+        .any(|p| !crate::chain::is_tail(p, plugin_type))
 }
 
 /// Returns the new conflist, or an error saying why this document cannot take a ledger.
@@ -48,10 +93,20 @@ pub fn transform_with_dropins(
     let (ours, others): (Vec<&Value>, Vec<&Value>) = plugins
         .iter()
         .partition(|p| conflist::plugin_type(p) == plugin_type);
-    let mut new_plugins: Vec<Value> = Vec::with_capacity(plugins.len() + 1);
+    // The head's options come from an existing head, never from a tail.
+    let ours: Vec<&Value> = ours
+        .into_iter()
+        .filter(|p| !crate::chain::is_tail(p, plugin_type))
+        .collect();
+    let mut new_plugins: Vec<Value> = Vec::with_capacity(plugins.len() + 2);
+    let mut tail = None;
     if !remove {
         let mut caps = Map::new();
-        for p in others.iter().copied().chain(dropins) {
+        let foreign: Vec<&Value> = dropins
+            .iter()
+            .filter(|p| !crate::chain::is_tail(p, plugin_type))
+            .collect();
+        for p in others.iter().copied().chain(foreign) {
             for cap in conflist::declared_capabilities(p) {
                 caps.insert(cap, Value::Bool(true));
             }
@@ -74,9 +129,13 @@ pub fn transform_with_dropins(
         } else {
             entry.insert("capabilities".into(), Value::Object(caps));
         }
+        if !opts.no_tail && !foreign_dropins(dropins, plugin_type) {
+            tail = Some(tail_entry(&entry, plugin_type));
+        }
         new_plugins.push(Value::Object(entry));
     }
     new_plugins.extend(others.into_iter().cloned());
+    new_plugins.extend(tail);
     let mut out = obj.clone();
     out.insert("plugins".into(), Value::Array(new_plugins));
     Ok(Value::Object(out))
@@ -88,7 +147,80 @@ pub struct Planned {
     pub new: Value,
     /// Pretty-printed `new` with a final newline.
     pub text: String,
+    /// Whether the conflist changes.
     pub changed: bool,
+    /// The tail as a drop-in (a `.conflist` only): what its file should hold.
+    pub tail_dropin: Option<TailDropin>,
+}
+
+/// The drop-in tail of a network with drop-ins (see the module's comment).
+pub struct TailDropin {
+    /// `<confdir>/<network>/TAIL_DROPIN`.
+    pub path: std::path::PathBuf,
+    /// What the file should hold; None: no such file.
+    pub want: Option<String>,
+    /// Whether the file differs from `want`.
+    pub changed: bool,
+}
+
+impl TailDropin {
+    /// Writes or removes the file as planned (atomically and durably, mode 0644 as
+    /// conflists are).
+    pub fn apply(&self) -> Result<()> {
+        use crate::ledger::fsio;
+        if !self.changed {
+            return Ok(());
+        }
+        let dir = parent_dir(&self.path);
+        let name = self
+            .path
+            .file_name()
+            .context("no file name")?
+            .to_string_lossy();
+        match &self.want {
+            Some(text) => {
+                refuse_symlink(&self.path)?;
+                fsio::write_atomic_mode(dir, &name, text.as_bytes(), "conflist", 0o644)
+                    .with_context(|| format!("writing {}", self.path.display()))
+            }
+            None => fsio::remove_durable(dir, &name)
+                .map(|_| ())
+                .with_context(|| format!("removing {}", self.path.display())),
+        }
+    }
+}
+
+/// The planned state of the drop-in tail of the conflist `new` at `path`.
+fn plan_tail_dropin(
+    path: &Path,
+    new: &Value,
+    plugin_type: &str,
+    opts: &EntryOptions,
+    remove: bool,
+    dropins: &[Value],
+) -> Option<TailDropin> {
+    let name = new.get("name")?.as_str()?;
+    let dir = parent_dir(path).join(name.trim_start_matches('/'));
+    let file = dir.join(TAIL_DROPIN);
+    let head = conflist::plugins(new)
+        .iter()
+        .find(|p| crate::chain::is_head(p, plugin_type))
+        .and_then(Value::as_object);
+    let want = match head {
+        Some(head) if !remove && !opts.no_tail && foreign_dropins(dropins, plugin_type) => {
+            let mut text = serde_json::to_string_pretty(&tail_entry(head, plugin_type)).ok()?;
+            text.push('\n');
+            Some(text)
+        }
+        _ => None,
+    };
+    let have = std::fs::read_to_string(&file).ok();
+    let changed = have != want;
+    Some(TailDropin {
+        path: file,
+        want,
+        changed,
+    })
 }
 
 /// Parses `bytes` (read from `path`) and plans the edit; no file is touched.
@@ -103,7 +235,8 @@ pub fn plan(
         serde_json::from_slice(bytes).with_context(|| format!("parsing {}", path.display()))?;
     // libcni v1.3 loads drop-ins for `.conflist` files only; one it cannot parse makes
     // the network unloadable, so nothing is planned for it either.
-    let dropins = if path.extension().is_some_and(|e| e == "conflist") && doc.is_object() {
+    let is_conflist = path.extension().is_some_and(|e| e == "conflist");
+    let dropins = if is_conflist && doc.is_object() {
         let dir = path.parent().unwrap_or(Path::new("."));
         conflist::dropins(dir, &doc)
             .with_context(|| format!("loading the drop-ins of {}", path.display()))?
@@ -117,11 +250,17 @@ pub fn plan(
     let mut text = serde_json::to_string_pretty(&new)?;
     text.push('\n');
     let changed = new != doc;
+    let tail_dropin = if is_conflist {
+        plan_tail_dropin(path, &new, plugin_type, opts, remove, &dropins)
+    } else {
+        None
+    };
     Ok(Planned {
         doc,
         new,
         text,
         changed,
+        tail_dropin,
     })
 }
 
@@ -422,7 +561,12 @@ mod tests {
             once["plugins"][0],
             json!({"type":"cni-ledger","capabilities":{"portMappings":true,"bandwidth":true}})
         );
-        assert_eq!(once["plugins"].as_array().unwrap().len(), 4);
+        assert_eq!(once["plugins"].as_array().unwrap().len(), 5);
+        assert_eq!(
+            once["plugins"][4],
+            json!({"type":"cni-ledger","role":"tail"}),
+            "the tail is last, without capabilities"
+        );
         assert_eq!(
             transform(&once, "cni-ledger", &EntryOptions::default(), false).unwrap(),
             once
@@ -442,6 +586,52 @@ mod tests {
             json!({"type":"cni-ledger","logFile":"/x"})
         );
         assert_eq!(out["plugins"][1], json!({"type":"bridge"}));
+        assert_eq!(
+            out["plugins"][2],
+            json!({"type":"cni-ledger","role":"tail","logFile":"/x"})
+        );
+    }
+
+    #[test]
+    fn the_tail_follows_the_head_and_no_tail_takes_it_out() {
+        let doc = json!({"name":"n","plugins":[{"type":"bridge"}]});
+        let dir = Path::new("/var/lib/l");
+        let opts = EntryOptions {
+            ledger_dir: Some(dir),
+            ..EntryOptions::default()
+        };
+        let with = transform(&doc, "cni-ledger", &opts, false).unwrap();
+        let types: Vec<_> = conflist::plugins(&with)
+            .iter()
+            .map(|p| {
+                p.get("role")
+                    .and_then(Value::as_str)
+                    .unwrap_or(conflist::plugin_type(p))
+            })
+            .collect();
+        assert_eq!(types, ["cni-ledger", "bridge", "tail"]);
+        assert_eq!(with["plugins"][2]["ledgerDir"], json!("/var/lib/l"));
+        // A tail somewhere else (hand-edited, or a plugin appended after it) moves last.
+        let mut moved = with.clone();
+        let plugins = moved["plugins"].as_array_mut().unwrap();
+        let tail = plugins.remove(2);
+        plugins.insert(1, tail);
+        plugins.push(json!({"type":"tuning"}));
+        let again = transform(&moved, "cni-ledger", &opts, false).unwrap();
+        assert_eq!(again["plugins"][3], with["plugins"][2]);
+        assert_eq!(again["plugins"].as_array().unwrap().len(), 4);
+        assert_eq!(transform(&with, "cni-ledger", &opts, false).unwrap(), with);
+        let no_tail = EntryOptions {
+            no_tail: true,
+            ..opts
+        };
+        let without = transform(&with, "cni-ledger", &no_tail, false).unwrap();
+        assert_eq!(without["plugins"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            transform(&without, "cni-ledger", &no_tail, false).unwrap(),
+            without
+        );
+        assert_eq!(transform(&with, "cni-ledger", &opts, true).unwrap(), doc);
     }
 
     fn scratch(tag: &str) -> std::path::PathBuf {
@@ -524,6 +714,27 @@ mod tests {
             plan_of(r#"{"name":"n","loadOnlyInlinedPlugins":true,"plugins":[{"type":"bridge"}]}"#)
                 .unwrap();
         assert!(p.new["plugins"][0].get("capabilities").is_none());
+        // With drop-ins, the tail is the drop-in sorting last, and none is inline.
+        let p = plan_of(r#"{"name":"n","plugins":[{"type":"bridge"}]}"#).unwrap();
+        assert_eq!(p.new["plugins"].as_array().unwrap().len(), 2);
+        let d = p.tail_dropin.unwrap();
+        assert_eq!(d.path, dir.join("n").join(TAIL_DROPIN));
+        assert!(d.changed && d.want.as_deref().unwrap().contains("\"tail\""));
+        d.apply().unwrap();
+        let p = plan_of(&p.text).unwrap();
+        assert!(
+            !p.changed && !p.tail_dropin.as_ref().unwrap().changed,
+            "idempotent"
+        );
+        // Our own drop-in is no reason for a drop-in tail: without the others it comes
+        // back inline and the file goes.
+        std::fs::remove_file(dir.join("n/50-portmap.conf")).unwrap();
+        let p = plan_of(&p.text).unwrap();
+        assert_eq!(p.new["plugins"][2]["role"], json!("tail"));
+        let d = p.tail_dropin.unwrap();
+        assert!(d.changed && d.want.is_none());
+        d.apply().unwrap();
+        assert!(!dir.join("n").join(TAIL_DROPIN).exists());
         // A drop-in libcni cannot parse: the network cannot load, nothing is planned.
         std::fs::write(dir.join("n/60-bad.conf"), b"[]").unwrap();
         assert!(plan_of(r#"{"name":"n","plugins":[{"type":"bridge"}]}"#).is_err());

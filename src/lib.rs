@@ -5,6 +5,7 @@
 //! layers and what each module owns, and tests/module_graph.rs holds the code to them.
 
 pub mod agent;
+pub mod chain;
 pub mod cli;
 pub mod cni;
 pub mod conflist;

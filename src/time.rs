@@ -77,6 +77,17 @@ fn born_this_boot(dir: &str) -> Option<i64> {
     i64::try_from(secs).ok().filter(|&s| s > 0)
 }
 
+/// Nanoseconds since boot on CLOCK_BOOTTIME (see `since_boot`): the chain's timings.
+pub fn since_boot_ns() -> Option<u64> {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .ok()
+        .and_then(|t| {
+            let secs = u64::try_from(t.tv_sec()).ok()?;
+            let nanos = u64::try_from(t.tv_nsec()).ok()?;
+            secs.checked_mul(1_000_000_000)?.checked_add(nanos)
+        })
+}
+
 // Days from civil date and back: Howard Hinnant's algorithms, proleptic Gregorian.
 fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };

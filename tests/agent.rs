@@ -63,8 +63,8 @@ fn agent_keeps_the_ledger_first_through_rewrites_and_an_add_after_is_recorded() 
     assert!(first < SECOND, "first injection took {first:?}");
     assert_eq!(
         types_in(&f.conf_file),
-        ["cni-ledger", "bridge", "portmap"],
-        "not inject's transform"
+        ["cni-ledger", "bridge", "portmap", "cni-ledger"],
+        "not inject's transform (head first, tail last)"
     );
     let doc: Value = serde_json::from_slice(&fs::read(&f.conf_file).unwrap()).unwrap();
     assert_eq!(

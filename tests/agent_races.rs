@@ -50,8 +50,8 @@ fn version(plain: &Value, n: u64) -> Value {
     doc
 }
 
-/// The file holds the writer's version `want` whole, with the ledger first and nothing
-/// else added.
+/// The file holds the writer's version `want` whole, with the ledger first, its tail
+/// (docs/CHAIN.md) last and nothing else added.
 fn holds(path: &Path, want: &Value) -> bool {
     let Some(doc) = fs::read(path)
         .ok()
@@ -65,8 +65,14 @@ fn holds(path: &Path, want: &Value) -> bool {
     if plugins.first().map(|p| &p["type"]) != Some(&json!("cni-ledger")) {
         return false;
     }
+    let Some((tail, between)) = plugins[1..].split_last() else {
+        return false;
+    };
+    if tail["type"] != json!("cni-ledger") || tail["role"] != json!("tail") {
+        return false;
+    }
     let mut rest = doc.clone();
-    rest["plugins"] = Value::Array(plugins[1..].to_vec());
+    rest["plugins"] = Value::Array(between.to_vec());
     &rest == want
 }
 

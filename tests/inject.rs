@@ -103,7 +103,15 @@ fn inject_with_capabilities_puts_the_ledger_first_declaring_the_union() {
         describe(&out)
     );
     let doc = read_json(&f);
-    assert_eq!(types(&doc), ["cni-ledger", "bridge", "portmap"]);
+    // The head first, the tail (docs/CHAIN.md) last.
+    assert_eq!(
+        types(&doc),
+        ["cni-ledger", "bridge", "portmap", "cni-ledger"]
+    );
+    assert_eq!(
+        doc["plugins"][3],
+        json!({"type": "cni-ledger", "role": "tail"})
+    );
     assert_eq!(
         doc["plugins"][0],
         json!({"type": "cni-ledger", "capabilities": {"portMappings": true}})
@@ -111,7 +119,7 @@ fn inject_with_capabilities_puts_the_ledger_first_declaring_the_union() {
     // The rest of the document is untouched.
     let before: Value = serde_json::from_slice(&orig).unwrap();
     assert_eq!(
-        doc["plugins"].as_array().unwrap()[1..],
+        doc["plugins"].as_array().unwrap()[1..3],
         before["plugins"].as_array().unwrap()[..]
     );
     assert_eq!(doc["name"], before["name"]);
@@ -134,7 +142,14 @@ fn inject_with_capabilities_puts_the_ledger_first_declaring_the_union() {
     let doc = read_json(&m);
     assert_eq!(
         types(&doc),
-        ["cni-ledger", "bridge", "tuning", "portmap", "bandwidth"]
+        [
+            "cni-ledger",
+            "bridge",
+            "tuning",
+            "portmap",
+            "bandwidth",
+            "cni-ledger"
+        ]
     );
     assert_eq!(
         doc["plugins"][0]["capabilities"],
@@ -157,7 +172,7 @@ fn inject_without_capabilities_declares_none() {
     let f = copy_in(tmp.path(), "plain.conflist");
     inject_ok(&[], &f);
     let doc = read_json(&f);
-    assert_eq!(types(&doc), ["cni-ledger", "bridge"]);
+    assert_eq!(types(&doc), ["cni-ledger", "bridge", "cni-ledger"]);
     assert_eq!(doc["plugins"][0], json!({"type": "cni-ledger"}));
     assert!(doc["plugins"][0].get("capabilities").is_none());
     let once = file_state(&f);
@@ -183,7 +198,7 @@ fn already_injected_conflist_is_left_byte_identical() {
     let l = copy_in(tmp.path(), "ledger-last.conflist");
     inject_ok(&[], &l);
     let doc = read_json(&l);
-    assert_eq!(types(&doc), ["cni-ledger", "bridge"]);
+    assert_eq!(types(&doc), ["cni-ledger", "bridge", "cni-ledger"]);
     assert_eq!(
         doc["plugins"][0],
         json!({"type": "cni-ledger", "logFile": "/var/log/cni-ledger.log"})
@@ -266,7 +281,10 @@ fn dry_run_prints_and_writes_nothing() {
     assert_dir_holds(tmp.path(), &["portmap.conflist"]);
     let printed: Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("--dry-run printed no JSON ({e}): {}", describe(&out)));
-    assert_eq!(types(&printed), ["cni-ledger", "bridge", "portmap"]);
+    assert_eq!(
+        types(&printed),
+        ["cni-ledger", "bridge", "portmap", "cni-ledger"]
+    );
 
     // What it printed is exactly what a real run writes.
     inject_ok(&[], &f);
@@ -337,7 +355,10 @@ fn libcni_runs_the_injected_conflist_and_the_ledger_records_it() {
     require_root!();
     let f = Fixture::new();
     let bytes = install_injected(&f, "portmap.conflist");
-    assert_eq!(f.load().unwrap(), ["cni-ledger", "bridge", "portmap"]);
+    assert_eq!(
+        f.load().unwrap(),
+        ["cni-ledger", "bridge", "portmap", "cni-ledger"]
+    );
 
     let ns = Netns::new();
     let cid = "c-inj";
@@ -384,7 +405,7 @@ fn libcni_runs_an_injected_conflist_without_capabilities() {
     require_root!();
     let f = Fixture::ledger_only();
     install_injected(&f, "plain.conflist");
-    assert_eq!(f.load().unwrap(), ["cni-ledger", "bridge"]);
+    assert_eq!(f.load().unwrap(), ["cni-ledger", "bridge", "cni-ledger"]);
 
     let ns = Netns::new();
     let cid = "c-plain";

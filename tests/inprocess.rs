@@ -276,6 +276,7 @@ fn add_writes_a_durable_record_with_every_field_and_a_snapshot_of_the_chain() {
             "confFile",
             "createdAt",
             "createdBootSecs",
+            "createdBootNs",
             "addId"
         ],
         "{rec}"
@@ -299,6 +300,14 @@ fn add_writes_a_durable_record_with_every_field_and_a_snapshot_of_the_chain() {
         "{rec}"
     );
     assert!(rec["createdBootSecs"].as_u64().is_some(), "{rec}");
+    // The head's start on the boot clock, in ns (docs/CHAIN.md): the same instant.
+    let ns = rec["createdBootNs"].as_u64().expect("createdBootNs");
+    assert_eq!(
+        ns / 1_000_000_000,
+        rec["createdBootSecs"].as_u64().unwrap(),
+        "{rec}"
+    );
+    assert!(rec.get("tail").is_none(), "no tail in this chain: {rec}");
     let created = common::inproc::parse_rfc3339(rec["createdAt"].as_str().unwrap());
     assert!(
         (before - 1..=now_unix() + 1).contains(&created),

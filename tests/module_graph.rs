@@ -15,7 +15,7 @@ const LAYERS: &[&[&str]] = &[
     &["logging", "sandbox"],
     &["workers", "node_root"],
     &["ledger"],
-    &["devices", "conflist"],
+    &["devices", "conflist", "chain"],
     &["cni", "injection"],
     &["libcni"],
     &["cri"],

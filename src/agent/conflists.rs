@@ -183,8 +183,10 @@ impl<'a> Conflists<'a> {
         let entry = EntryOptions {
             ledger_dir: self.entry_ledger.as_deref(),
             conf_dir: self.entry_conf.as_deref(),
+            no_tail: self.opts.no_tail,
         };
-        let planned = match injection::plan(path, &bytes, &self.opts.plugin_type, &entry, false) {
+        let mut planned = match injection::plan(path, &bytes, &self.opts.plugin_type, &entry, false)
+        {
             Ok(p) => p,
             Err(e) => {
                 let st = self.files.entry(path.to_path_buf()).or_default();
@@ -192,8 +194,17 @@ impl<'a> Conflists<'a> {
                 return Some(FileOutcome::new(path.to_path_buf(), false, false, net));
             }
         };
+        // The drop-in tail of a network with drop-ins (docs/CHAIN.md): an old one goes
+        // before the conflist changes, a new one comes after, so there are never two.
+        let dropin = planned.tail_dropin.take().filter(|d| d.changed);
+        if let Some(d) = dropin.as_ref().filter(|d| d.want.is_none()) {
+            apply_tail_dropin(d);
+        }
         let st = self.files.entry(path.to_path_buf()).or_default();
         if !planned.changed {
+            if let Some(d) = dropin.as_ref().filter(|d| d.want.is_some()) {
+                apply_tail_dropin(d);
+            }
             st.ours = Some(bytes);
             st.ours_doc = Some(planned.doc);
             st.ours_ino = ino;
@@ -221,6 +232,9 @@ impl<'a> Conflists<'a> {
             st,
             self.shared,
         )?;
+        if let Some(d) = dropin.as_ref().filter(|d| ok && d.want.is_some()) {
+            apply_tail_dropin(d);
+        }
         Some(FileOutcome::new(path.to_path_buf(), ok, true, net))
     }
 
@@ -231,6 +245,7 @@ impl<'a> Conflists<'a> {
         let entry = EntryOptions {
             ledger_dir: self.entry_ledger.as_deref(),
             conf_dir: self.entry_conf.as_deref(),
+            no_tail: self.opts.no_tail,
         };
         let planned = std::fs::read(path)
             .with_context(|| format!("reading {} through the link", path.display()))
@@ -332,6 +347,7 @@ impl<'a> Conflists<'a> {
         let entry = EntryOptions {
             ledger_dir: self.entry_ledger.as_deref(),
             conf_dir: self.entry_conf.as_deref(),
+            no_tail: self.opts.no_tail,
         };
         let st = self.files.entry(path.to_path_buf()).or_default();
         if st.converted {
@@ -490,6 +506,16 @@ fn write_new(path: &Path, like: &injection::ReadConf, bytes: &[u8]) -> anyhow::R
     linked.with_context(|| format!("creating {}", path.display()))?;
     // The directory is fsynced by the caller, once the conversion is complete.
     ino.with_context(|| format!("examining {}", path.display()))
+}
+
+/// Writes or removes the drop-in tail as planned; a failure is logged and tried again on
+/// the next pass (until then the chain has no tail: its records are untracked).
+fn apply_tail_dropin(d: &injection::TailDropin) {
+    match d.apply() {
+        Ok(()) if d.want.is_some() => crate::info!("agent: {}: tail placed", d.path.display()),
+        Ok(()) => crate::info!("agent: {}: tail removed", d.path.display()),
+        Err(e) => crate::warn!("agent: {e:#}"),
+    }
 }
 
 #[cfg(test)]

@@ -55,6 +55,8 @@ pub struct Options {
     /// The networks they judge; empty: the chosen conflists' networks that the runtime
     /// says it serves (or all of them, for a runtime that does not say).
     pub cri_networks: Vec<String>,
+    /// `--no-tail`: place no tail entry, and take out one that is there.
+    pub no_tail: bool,
 }
 
 /// Which CRI runtimes the agent asks.
@@ -291,10 +293,15 @@ fn uninstall(opts: &Options) -> Result<i32> {
                 &crate::injection::EntryOptions::default(),
                 true,
             )?;
+            // A drop-in tail (docs/CHAIN.md) goes too.
+            let dropin = planned.tail_dropin.as_ref().filter(|d| d.changed);
+            if let Some(d) = dropin {
+                d.apply()?;
+            }
             if planned.changed {
                 crate::injection::write_replacing(f, planned.text.as_bytes())?;
             }
-            Ok(planned.changed)
+            Ok(planned.changed || dropin.is_some())
         })();
         match r {
             Ok(true) => crate::info!("agent: {}: ledger removed", f.display()),

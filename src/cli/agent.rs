@@ -64,6 +64,10 @@ pub struct Args {
     /// networks that the runtime says it serves.
     #[arg(long = "cri-network", value_name = "NAME")]
     cri_networks: Vec<String>,
+    /// Place no tail entry in the chosen conflists (and take out one that is there): the
+    /// chain's completion and duration are then not recorded (docs/CHAIN.md).
+    #[arg(long)]
+    no_tail: bool,
 }
 
 fn cri_endpoints(given: &[String]) -> Result<CriEndpoints> {
@@ -102,6 +106,7 @@ pub fn run(args: Args) -> Result<i32> {
         uninstall: args.uninstall,
         cri: cri_endpoints(&args.cri_endpoints)?,
         cri_networks: args.cri_networks,
+        no_tail: args.no_tail,
     })
 }
 

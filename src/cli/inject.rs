@@ -1,7 +1,8 @@
 //! `cni-ledger inject`: put the ledger first in a conflist, declaring the union of the
 //! chain's capabilities (and nothing else: runtimes read a declared capability as "the
-//! chain handles it"). Idempotent; `--remove` undoes it. Files are replaced by rename,
-//! so a runtime watching the directory never reads half a file.
+//! chain handles it"), and its tail entry last (docs/CHAIN.md; `--no-tail` leaves it out
+//! or takes it out). Idempotent; `--remove` undoes it. Files are replaced by rename, so a
+//! runtime watching the directory never reads half a file.
 
 use crate::injection::{plan, write_replacing, EntryOptions};
 use anyhow::{Context, Result};
@@ -27,6 +28,10 @@ pub struct Args {
     /// Write this `confDir` into the entry, for a conf dir other than /etc/cni/net.d.
     #[arg(long)]
     conf_dir: Option<PathBuf>,
+    /// No tail entry: the chain's completion and duration are not recorded (an existing
+    /// tail is taken out).
+    #[arg(long)]
+    no_tail: bool,
 }
 
 pub fn run(args: Args) -> Result<i32> {
@@ -34,24 +39,43 @@ pub fn run(args: Args) -> Result<i32> {
     let opts = EntryOptions {
         ledger_dir: args.ledger_dir.as_deref(),
         conf_dir: args.conf_dir.as_deref(),
+        no_tail: args.no_tail,
     };
     for path in &args.files {
         let result = (|| -> Result<&'static str> {
             let bytes =
                 std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
             let planned = plan(path, &bytes, &args.plugin_type, &opts, args.remove)?;
+            let dropin = planned.tail_dropin.as_ref().filter(|d| d.changed);
+            let changed = planned.changed || dropin.is_some();
             if args.dry_run {
                 print!("{}", planned.text);
-                return Ok(if planned.changed {
+                if let Some(d) = dropin {
+                    match &d.want {
+                        Some(text) => print!("# {}:\n{text}", d.path.display()),
+                        None => println!("# {}: removed", d.path.display()),
+                    }
+                }
+                return Ok(if changed {
                     "would change (dry run)"
                 } else {
                     "unchanged (dry run)"
                 });
             }
-            if !planned.changed {
+            if !changed {
                 return Ok("unchanged");
             }
-            write_replacing(path, planned.text.as_bytes())?;
+            // A drop-in tail goes before the conflist changes and comes after: in between
+            // the chain has no tail (its records are untracked), never two.
+            if let Some(d) = dropin.filter(|d| d.want.is_none()) {
+                d.apply()?;
+            }
+            if planned.changed {
+                write_replacing(path, planned.text.as_bytes())?;
+            }
+            if let Some(d) = dropin.filter(|d| d.want.is_some()) {
+                d.apply()?;
+            }
             Ok(if args.remove {
                 "ledger removed"
             } else {

@@ -28,6 +28,10 @@ pub struct Args {
     /// A network the CRI runtime serves (repeatable).
     #[arg(long, value_name = "NAME", requires = "cri_endpoint")]
     cri_network: Vec<String>,
+    /// A record whose chain's tail never came, and no DEL either, is listed
+    /// `failed-left` once older than this (docs/CHAIN.md).
+    #[arg(long, value_name = "SECS", default_value_t = crate::chain::DEFAULT_LEFT_AFTER_SECS)]
+    chain_left_after: u64,
 }
 
 #[derive(Serialize)]
@@ -62,6 +66,13 @@ struct Row<'a> {
     /// With --cri-endpoint: `ready`, `notready` or `absent` for the runtime's networks.
     #[serde(skip_serializing_if = "Option::is_none")]
     runtime_state: Option<&'static str>,
+    /// What the tail entry says of the chain's ADD (`chain::State`): `completed`,
+    /// `pending`, `failed-left`, `tearing-down` or `untracked`.
+    chain_state: &'static str,
+    /// Seconds the chain's ADD took, head to tail; null unless completed in this boot.
+    add_seconds: Option<f64>,
+    chain_completed_at: Option<&'a str>,
+    del_began_at: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -128,6 +139,15 @@ struct OtherRow {
     quarantined_to: Option<String>,
 }
 
+/// The CHAIN cell: the state, and for a completed chain how long its ADD took.
+fn chain_cell(row: &Row) -> String {
+    match (row.chain_state, row.add_seconds) {
+        ("untracked", _) => "-".into(),
+        (state, Some(secs)) => format!("{state} {secs:.3}s"),
+        (state, None) => state.into(),
+    }
+}
+
 fn table_cells(row: &Row, now: i64) -> Vec<String> {
     let age = crate::time::parse_rfc3339(row.created_at)
         .map(|t| crate::time::age(now - t))
@@ -149,6 +169,7 @@ fn table_cells(row: &Row, now: i64) -> Vec<String> {
         row.state.into(),
         reason,
         age,
+        chain_cell(row),
         row.netns.into(),
     ]
 }
@@ -164,6 +185,7 @@ fn other_cells(row: &OtherRow) -> Vec<String> {
         "-".into(),
         row.state.into(),
         row.reason.clone(),
+        "-".into(),
         "-".into(),
         note,
     ]
@@ -209,9 +231,18 @@ impl JsonArray {
     }
 }
 
+/// When a record is listed: the wall clock, and the age past which an uncompleted
+/// chain is failed-left.
+#[derive(Clone, Copy)]
+struct Clock {
+    now: i64,
+    left_after: u64,
+}
+
 fn row<'a>(
     rec: &'a Record,
     boot: &str,
+    clock: Clock,
     path: &Path,
     cri: Option<&crate::cri::Judgement>,
     chain: Option<Arc<Vec<ChainPlugin>>>,
@@ -224,6 +255,8 @@ fn row<'a>(
     }
     let reason = l.reason;
     let gc = rec.gc.as_ref();
+    let chain_state = crate::chain::state(rec, boot, clock.now, clock.left_after);
+    let note = rec.chain.as_ref();
     Row {
         network: &rec.network,
         container_id: &rec.container_id,
@@ -246,6 +279,13 @@ fn row<'a>(
         cache_file: rec.cache_file.as_deref(),
         chain,
         runtime_state: verdict.map(|v| v.as_str()),
+        chain_state: chain_state.as_str(),
+        add_seconds: match chain_state {
+            crate::chain::State::Completed { add_seconds } => add_seconds,
+            _ => None,
+        },
+        chain_completed_at: note.and_then(|n| n.completed_at.as_deref()),
+        del_began_at: note.and_then(|n| n.del_began_at.as_deref()),
     }
 }
 
@@ -288,7 +328,11 @@ pub fn run(args: Args) -> Result<i32> {
                 } else {
                     None
                 };
-                let r = row(&rec, &boot, &e.path, cri.as_ref(), chain);
+                let clock = Clock {
+                    now,
+                    left_after: args.chain_left_after,
+                };
+                let r = row(&rec, &boot, clock, &e.path, cri.as_ref(), chain);
                 if args.json {
                     let pushed = serde_json::to_vec_pretty(&r)
                         .map_err(std::io::Error::from)
@@ -355,11 +399,12 @@ pub fn run(args: Args) -> Result<i32> {
     }
     cells.sort_unstable();
     cells.extend(others.iter().map(other_cells));
-    cells.extend(
-        device_notes
-            .iter()
-            .map(|(path, note)| crate::devices::note::table_row(path, note, now)),
-    );
+    cells.extend(device_notes.iter().map(|(path, note)| {
+        let mut cells = crate::devices::note::table_row(path, note, now);
+        // No chain to speak of: the CHAIN column, before NETNS.
+        cells.insert(cells.len().saturating_sub(1), "-".into());
+        cells
+    }));
     super::print_table(
         &[
             "NETWORK",
@@ -368,6 +413,7 @@ pub fn run(args: Args) -> Result<i32> {
             "STATE",
             "REASON",
             "AGE",
+            "CHAIN",
             "NETNS",
         ],
         &cells,

@@ -41,6 +41,10 @@ pub struct ReplayFlags {
     /// kubelet lets take up to its 2-minute runtime request timeout.
     #[arg(long, default_value_t = gc::DEFAULT_CRI_MIN_AGE_SECS, value_name = "SECS")]
     cri_min_age: u64,
+    /// A record whose chain's tail never came, and no DEL either, counts as a failed
+    /// ADD left behind once older than this (docs/CHAIN.md).
+    #[arg(long, default_value_t = crate::chain::DEFAULT_LEFT_AFTER_SECS, value_name = "SECS")]
+    chain_left_after: u64,
 }
 
 impl ReplayFlags {
@@ -56,6 +60,7 @@ impl ReplayFlags {
         opts.max_attempts = self.max_attempts.max(1);
         opts.jobs = self.jobs.max(1);
         opts.cri_min_age_secs = i64::try_from(self.cri_min_age).unwrap_or(i64::MAX);
+        opts.chain_left_after_secs = self.chain_left_after;
         Ok(())
     }
 }

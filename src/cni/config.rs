@@ -51,6 +51,7 @@ pub const KEYS: &[Key] = &[
     key("logFile", "path", "none: stderr"),
     key("logLevel", "string", "error"),
     key("onLedgerError", "string", "fail"),
+    key("role", "string", "head"),
     key("capabilities", "object", "{}"),
     key("lockTimeoutMs", "integer", "5000"),
     key("gcGraceSecs", "integer", "none: 0"),
@@ -64,6 +65,16 @@ pub enum OnLedgerError {
     #[default]
     Fail,
     Warn,
+}
+
+/// Which of the ledger's two entries of a chain this is (docs/CHAIN.md): the head (first)
+/// writes the record before the chain runs; the tail (last) completes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    #[default]
+    Head,
+    Tail,
 }
 
 #[derive(Debug, Deserialize)]
@@ -82,6 +93,8 @@ struct Raw {
     log_level: Level,
     #[serde(default)]
     on_ledger_error: OnLedgerError,
+    #[serde(default)]
+    role: Role,
     #[serde(default)]
     capabilities: Map<String, Value>,
     #[serde(default)]
@@ -105,6 +118,8 @@ pub struct NetConf {
     pub log_file: Option<PathBuf>,
     pub log_level: Level,
     pub on_ledger_error: OnLedgerError,
+    /// `role`: `head` (the default) or `tail`.
+    pub role: Role,
     /// Capabilities the ledger's entry declares (only the `true` ones).
     pub capabilities: Vec<String>,
     pub runtime_config: Map<String, Value>,
@@ -183,6 +198,7 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
         log_file: raw.log_file,
         log_level: raw.log_level,
         on_ledger_error: raw.on_ledger_error,
+        role: raw.role,
         capabilities,
         runtime_config: raw.runtime_config,
         prev_result: raw.prev_result,
@@ -218,6 +234,15 @@ mod tests {
         let c = parse(br#"{"name":"n","logLevel":"info"}"#).unwrap();
         assert_eq!(c.log_level, Level::Info);
         assert_eq!(c.return_devices, None);
+        assert_eq!(c.role, Role::Head);
+        assert_eq!(
+            parse(br#"{"name":"n","role":"tail"}"#).unwrap().role,
+            Role::Tail
+        );
+        assert_eq!(
+            parse(br#"{"name":"n","role":"middle"}"#).unwrap_err().code,
+            error::INVALID_NETWORK_CONFIG
+        );
         let c = parse(br#"{"name":"n","returnDevices":{"names":["dev*"]}}"#).unwrap();
         assert_eq!(c.return_devices.unwrap().names, vec!["dev*".to_string()]);
         assert_eq!(
@@ -291,6 +316,10 @@ mod tests {
                         parse(given.as_bytes()).unwrap().on_ledger_error,
                         c.on_ledger_error
                     );
+                }
+                "role" => {
+                    let given = format!(r#"{{"name":"n","role":"{d}"}}"#);
+                    assert_eq!(parse(given.as_bytes()).unwrap().role, c.role);
                 }
                 "capabilities" => assert!(c.capabilities.is_empty() && d == "{}"),
                 "lockTimeoutMs" => assert_eq!(c.lock_timeout_ms.to_string(), d),

@@ -198,7 +198,12 @@ fn del_chain(
         cni_args: &rec.cni_args,
         cni_path: &cni_path,
         capability_args: &caps,
-        prev_result: cached.and_then(|c| c.result.as_ref()),
+        // libcni's cached result, as libcni's own DEL would pass; when its cache is gone
+        // (wiped at boot on Bottlerocket and the EKS AMI) the tail's copy of the same
+        // result, so a plugin that needs prevResult on DEL can still release.
+        prev_result: cached
+            .and_then(|c| c.result.as_ref())
+            .or_else(|| rec.chain.as_ref().and_then(|c| c.result.as_ref())),
         timeout: opts.timeout,
         deadline: opts.deadline,
     };

@@ -67,6 +67,9 @@ pub struct Options {
     pub deadline: Option<Instant>,
     /// A record absent from the CRI runtime's list is judged gone only at this age.
     pub cri_min_age_secs: i64,
+    /// `--chain-left-after`: a record whose chain never completed, with no DEL begun, is
+    /// failed-left from this age on (`chain::state`; the metrics count it).
+    pub chain_left_after_secs: u64,
 }
 
 impl Options {
@@ -89,6 +92,7 @@ impl Options {
             stop: None,
             deadline: None,
             cri_min_age_secs: DEFAULT_CRI_MIN_AGE_SECS as i64,
+            chain_left_after_secs: crate::chain::DEFAULT_LEFT_AFTER_SECS,
         }
     }
 }

@@ -107,6 +107,29 @@ pub struct GcState {
     pub failed: bool,
 }
 
+/// The tail entry's part of a record (docs/CHAIN.md).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChainNote {
+    /// When the tail's ADD ran: every plugin of the chain had succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_boot_ns: Option<u64>,
+    /// completedBootNs - createdBootNs, in seconds; absent unless both are of one boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub add_seconds: Option<f64>,
+    /// The chain's result (the tail's prevResult): a replay's prevResult when libcni's
+    /// cache is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    /// When the tail's DEL ran (first in DEL's reversed order).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub del_began_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub del_began_boot_ns: Option<u64>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Record {
@@ -132,8 +155,19 @@ pub struct Record {
     /// age is measured on it, so a wall clock stepped forward ages no record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_boot_secs: Option<u64>,
+    /// CLOCK_BOOTTIME nanoseconds when the head's ADD started: the chain's duration is
+    /// measured from it (`chain.addSeconds`), within the recorded boot only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_boot_ns: Option<u64>,
     /// Random per ADD: tells a record apart from a newer one for the same key.
     pub add_id: String,
+    /// The chain the head snapshotted holds a tail entry: the record is expected to be
+    /// completed (`chain`) when the ADD succeeds (docs/CHAIN.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tail: bool,
+    /// What the tail entry noted: the chain's completion and result, a DEL's start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain: Option<ChainNote>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gc: Option<GcState>,
     /// `adopted` for a record `cni-ledger adopt` made from libcni's cache; none for ADD's.
@@ -311,7 +345,10 @@ pub(crate) fn sample() -> Record {
         conf_file: None,
         created_at: "2026-12-02T17:41:33Z".into(),
         created_boot_secs: None,
+        created_boot_ns: None,
         add_id: "00".into(),
+        tail: false,
+        chain: None,
         gc: None,
         source: None,
         cache_file: None,

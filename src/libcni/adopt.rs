@@ -472,6 +472,9 @@ pub fn record_for(entry: &CacheEntry, boot: &str, booted_at: i64, cni_path: &str
         // When libcni finished the ADD: grace and age count from there.
         created_at: crate::time::rfc3339(entry.written_at),
         created_boot_secs: None,
+        created_boot_ns: None,
+        tail: false,
+        chain: None,
         add_id: format!("adopted-{:x}-{:x}", entry.written_at, std::process::id()),
         gc: None,
         source: Some(RecordSource::Adopted),

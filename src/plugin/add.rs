@@ -12,11 +12,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub fn add(conf: &NetConf, args: &CmdArgs) -> Result<Value, CniError> {
+    // Taken first: the chain's duration counts from the start of its first plugin.
+    let started_boot_ns = crate::time::since_boot_ns();
     let result = conf
         .prev_result
         .clone()
         .unwrap_or_else(|| empty_result(&conf.cni_version));
-    match record(conf, args) {
+    match record(conf, args, started_boot_ns) {
         Ok(()) => Ok(result),
         Err(e) if conf.on_ledger_error == OnLedgerError::Warn => {
             // An error let through, not a warning: it must reach the runtime's log.
@@ -39,7 +41,7 @@ fn conf_dir(conf: &NetConf) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_CONF_DIR))
 }
 
-fn record(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
+fn record(conf: &NetConf, args: &CmdArgs, started_boot_ns: Option<u64>) -> Result<(), CniError> {
     let ledger = Ledger::open_for_write(&conf.ledger_dir).map_err(ledger_error)?;
     let key = Key::new(&conf.name, &args.container_id, &args.ifname);
     let stem = key.stem();
@@ -70,9 +72,11 @@ fn record(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
     // concurrent sweep cannot delete the snapshot in between.
     let dir = conf_dir(conf);
     let mut guard = None;
+    let mut tail = false;
     let (snapshot, conf_file) = match conflist::find(&dir, &conf.name) {
         Ok(Some(found)) if chain_includes(&found.list, &conf.plugin_type) => {
             warn_capabilities(conf, &found.list);
+            tail = crate::chain::holds_tail(&found.list, &conf.plugin_type);
             guard = Some(ledger.snapshot_guard_shared().map_err(ledger_error)?);
             // The chain as libcni v1.3 loaded it, drop-ins included, is what a replay runs.
             let hash = ledger
@@ -123,8 +127,12 @@ fn record(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
         snapshot,
         conf_file,
         created_at: crate::time::rfc3339(now),
-        created_boot_secs: crate::time::since_boot(),
+        // One reading of the boot clock for both: the same instant, two resolutions.
+        created_boot_secs: started_boot_ns.map(|ns| ns / 1_000_000_000),
+        created_boot_ns: started_boot_ns,
         add_id: add_id(),
+        tail,
+        chain: None,
         gc: None,
         source: None,
         cache_file: None,

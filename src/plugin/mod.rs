@@ -5,6 +5,7 @@ mod add;
 mod del;
 mod gc_verb;
 mod status;
+mod tail;
 
 use crate::cni::config::{self, NetConf, MAX_STDIN};
 use crate::cni::env::{self, CmdArgs, Command};
@@ -141,6 +142,9 @@ fn run(
 }
 
 fn dispatch(cmd: Command, conf: &NetConf, args: &CmdArgs) -> Result<Option<Value>, CniError> {
+    if conf.role == config::Role::Tail {
+        return tail::dispatch(cmd, conf, args);
+    }
     match cmd {
         Command::Add => add::add(conf, args).map(Some),
         Command::Del => del::del(conf, args).map(|()| None),

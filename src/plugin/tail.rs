@@ -1,0 +1,135 @@
+//! The tail entry (`"role": "tail"`, last in the chain; docs/CHAIN.md). ADD: the chain's
+//! result arrives as prevResult and is passed on unchanged; the head's record is
+//! completed with it and the time the chain took. DEL (first in DEL's reversed order):
+//! notes that a DEL began. Neither ever fails the runtime's call: the head's record is
+//! the write-ahead record and stands on its own; a tail that cannot write says why at
+//! `warn`. CHECK passes; GC and STATUS are the head's to answer, once per chain.
+
+use super::empty_result;
+use crate::cni::config::NetConf;
+use crate::cni::env::{CmdArgs, Command};
+use crate::cni::error::CniError;
+use crate::ledger::record::ChainNote;
+use crate::ledger::{Decoded, Key, Ledger, Wait};
+use serde_json::Value;
+use std::fmt;
+use std::time::Duration;
+
+pub fn dispatch(cmd: Command, conf: &NetConf, args: &CmdArgs) -> Result<Option<Value>, CniError> {
+    match cmd {
+        Command::Add => Ok(Some(add(conf, args))),
+        Command::Del => {
+            del(conf, args);
+            Ok(None)
+        }
+        // The head checks the record; the tail has nothing of its own to check. GC and
+        // STATUS come to every entry of the chain: the head answers them (a second GC
+        // from the tail would sweep twice, against the same valid list).
+        Command::Check | Command::Gc | Command::Status => Ok(None),
+        Command::Version => unreachable!("handled before config parsing"),
+    }
+}
+
+/// Why the tail wrote nothing.
+#[derive(Debug)]
+enum NotNoted {
+    /// Another holds the key (a gc replay) longer than `lockTimeoutMs`.
+    Busy,
+    /// The head wrote no record (its ADD warned and went on, or the ledger is elsewhere).
+    NoRecord,
+    /// The record is damaged or of a newer format: not rewritten.
+    Unusable(String),
+    Ledger(anyhow::Error),
+}
+
+impl fmt::Display for NotNoted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotNoted::Busy => write!(f, "the attachment is held by a cni-ledger gc replay"),
+            NotNoted::NoRecord => write!(f, "no record (the head recorded nothing)"),
+            NotNoted::Unusable(why) => write!(f, "the record is unusable ({why})"),
+            NotNoted::Ledger(e) => write!(f, "{e:#}"),
+        }
+    }
+}
+
+fn key(conf: &NetConf, args: &CmdArgs) -> Key {
+    Key {
+        network: conf.name.clone(),
+        container_id: args.container_id.clone(),
+        ifname: args.ifname.clone(),
+    }
+}
+
+/// Rewrites the attachment's record under its key lock (atomic and fsynced, as every
+/// record write), changing only what `note` changes in its `chain`.
+fn rewrite(
+    conf: &NetConf,
+    key: &Key,
+    wait: Wait,
+    note: impl FnOnce(&mut ChainNote, &crate::ledger::Record),
+) -> Result<(), NotNoted> {
+    let ledger = Ledger::at(&conf.ledger_dir);
+    let stem = key.stem();
+    let _lock = ledger
+        .lock(&stem, wait)
+        .map_err(NotNoted::Ledger)?
+        .ok_or(NotNoted::Busy)?;
+    let mut rec = match ledger.read(&stem).map_err(NotNoted::Ledger)? {
+        Some(Decoded::Ok(rec)) => rec,
+        None => return Err(NotNoted::NoRecord),
+        Some(Decoded::Damaged(d)) => return Err(NotNoted::Unusable(d.reason.as_str().into())),
+        Some(Decoded::Newer(format)) => return Err(NotNoted::Unusable(format!("format {format}"))),
+        Some(Decoded::Unreadable(why)) => return Err(NotNoted::Unusable(why)),
+    };
+    let mut chain = rec.chain.take().unwrap_or_default();
+    note(&mut chain, &rec);
+    rec.chain = Some(chain);
+    ledger.write(&rec).map_err(NotNoted::Ledger)
+}
+
+fn add(conf: &NetConf, args: &CmdArgs) -> Value {
+    let completed_boot_ns = crate::time::since_boot_ns();
+    let result = conf
+        .prev_result
+        .clone()
+        .unwrap_or_else(|| empty_result(&conf.cni_version));
+    let key = key(conf, args);
+    let this_boot = crate::sandbox::boot_id().ok();
+    let wait = Wait::Upto(Duration::from_millis(conf.lock_timeout_ms));
+    let completed = rewrite(conf, &key, wait, |chain, rec| {
+        chain.completed_at = Some(crate::time::rfc3339(crate::time::now()));
+        chain.completed_boot_ns = completed_boot_ns;
+        // Both stamps are on CLOCK_BOOTTIME: comparable only within the recorded boot.
+        chain.add_seconds = match (completed_boot_ns, &this_boot) {
+            (Some(done), Some(boot)) if *boot == rec.boot_id => {
+                crate::chain::add_seconds(rec.created_boot_ns, done)
+            }
+            _ => None,
+        };
+        chain.result = conf.prev_result.clone();
+    });
+    match completed {
+        Ok(()) => crate::info!("ADD {key}: chain completed"),
+        Err(e) => crate::warn!("ADD {key}: tail: chain completion not recorded: {e}"),
+    }
+    result
+}
+
+fn del(conf: &NetConf, args: &CmdArgs) {
+    let key = key(conf, args);
+    let began_boot_ns = crate::time::since_boot_ns();
+    // No wait: a key held now is a gc replay of this very attachment, whose record is
+    // going anyway; the head's DEL waits for it and answers the runtime.
+    let noted = rewrite(conf, &key, Wait::No, |chain, _| {
+        chain.del_began_at = Some(crate::time::rfc3339(crate::time::now()));
+        chain.del_began_boot_ns = began_boot_ns;
+    });
+    match noted {
+        Ok(()) => crate::info!("DEL {key}: tail: DEL began"),
+        // DEL is called for what was never added, and again after a DEL: no record is
+        // the usual case then, not worth a warning.
+        Err(NotNoted::NoRecord) => crate::debug!("DEL {key}: tail: no record"),
+        Err(e) => crate::warn!("DEL {key}: tail: DEL's start not recorded: {e}"),
+    }
+}
