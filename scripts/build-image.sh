@@ -24,7 +24,7 @@ esac
 echo "build-image: cargo build --profile $profile --target $host (static)" >&2
 RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
 	cargo build --locked --quiet --profile "$profile" --target "$host" --bin cni-ledger
-bin=target/$host/$out/cni-ledger
+bin=${CARGO_TARGET_DIR:-target}/$host/$out/cni-ledger
 ! command -v file >/dev/null || file -b "$bin" | grep -q 'static' || {
 	echo "build-image: $bin is not statically linked" >&2
 	exit 1
