@@ -32,6 +32,9 @@ pub fn run(shared: &Shared, opts: &Options, stop: &Stop) {
         shared
             .metrics
             .observe_ledger(&Ledger::at(&opts.gc.ledger_dir));
+        shared
+            .metrics
+            .observe_conf_dir_headroom(&opts.conf_dir, false);
         if stop.requested() || stop.sleep(opts.gc_interval) {
             return;
         }

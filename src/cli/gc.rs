@@ -136,6 +136,11 @@ fn write_metrics(
         None => m.observe_gc_error(took.as_secs_f64()),
     }
     m.observe_ledger(&crate::ledger::Ledger::at(&opts.ledger_dir));
+    let conf_dir = opts
+        .conf_dir
+        .as_deref()
+        .unwrap_or(std::path::Path::new(crate::cni::config::DEFAULT_CONF_DIR));
+    m.observe_conf_dir_headroom(conf_dir, true);
     if let Err(e) = m.write_file(path) {
         crate::error!("gc: writing metrics to {}: {e:#}", path.display());
     }
