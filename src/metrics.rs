@@ -322,6 +322,17 @@ impl Metrics {
         }
     }
 
+    /// Records of chains with a tail left behind now (gc --metrics-file; the agent's
+    /// watcher sets the same gauge from what it remembers).
+    pub fn observe_failed_left(&self, ledger: &Ledger, left_after_secs: u64) {
+        self.chain_failed_left.reset();
+        for (net, n) in super::chain_watch::failed_left_by_network(ledger, left_after_secs) {
+            self.chain_failed_left
+                .with_label_values(&[net.as_str()])
+                .set(n);
+        }
+    }
+
     /// Host-local's ranges as they stand: a range no longer configured leaves no series.
     pub fn observe_headroom(&self, usages: &[crate::headroom::Usage]) {
         self.headroom_ratio.reset();

@@ -136,6 +136,10 @@ fn write_metrics(
         None => m.observe_gc_error(took.as_secs_f64()),
     }
     m.observe_ledger(&crate::ledger::Ledger::at(&opts.ledger_dir));
+    m.observe_failed_left(
+        &crate::ledger::Ledger::at(&opts.ledger_dir),
+        crate::agent::chain_watch::DEFAULT_LEFT_AFTER_SECS,
+    );
     let conf_dir = opts
         .conf_dir
         .as_deref()
