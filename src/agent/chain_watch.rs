@@ -37,7 +37,7 @@ pub const DEFAULT_LEFT_AFTER_SECS: u64 = 900;
 /// How often the failed-left pass runs.
 const SWEEP: Duration = Duration::from_secs(30);
 /// How often an unarmed watch (no `records/` yet) is tried again.
-const REARM: Duration = Duration::from_secs(5);
+const REARM: Duration = Duration::from_secs(1);
 const RECORD_EXT: &str = ".json";
 const MAX_RECORD: u64 = 4 << 20;
 
@@ -428,16 +428,18 @@ pub fn run(ledger_dir: &Path, metrics: &Metrics, left_after_secs: u64, stop: &St
     let mut tracker = Tracker::new(ledger, metrics, left_after_secs);
     let mut watch: Option<Watch> = None;
     let mut warned = false;
-    // The first listing only learns; later ones (after a lost watch) also count.
-    let mut listed = false;
+    // A listing at start only learns: what completed before the agent watched is not
+    // its to count. Any later one (records/ made after the start, a watch re-armed)
+    // also counts.
+    let mut observe = false;
     let mut next_sweep = Instant::now();
     loop {
         if watch.is_none() {
             match Watch::arm(&records) {
                 Ok(w) => {
                     // Armed before listing: nothing written in between is missed.
-                    tracker.resync(listed);
-                    listed = true;
+                    tracker.resync(observe);
+                    observe = true;
                     crate::debug!(
                         "agent: watching {} ({} records)",
                         records.display(),
@@ -446,13 +448,14 @@ pub fn run(ledger_dir: &Path, metrics: &Metrics, left_after_secs: u64, stop: &St
                     watch = Some(w);
                 }
                 Err(e) if !warned => {
+                    observe = true;
                     crate::info!(
                         "agent: cannot watch {} yet ({e}); chain metrics start once it exists",
                         records.display()
                     );
                     warned = true;
                 }
-                Err(_) => {}
+                Err(_) => observe = true,
             }
         }
         if Instant::now() >= next_sweep {

@@ -1,0 +1,180 @@
+//! The chain's metrics and host-local headroom through the real agent binary: records
+//! made by real ADDs through libcni (bridge + host-local), completed or marked as the
+//! chain's tail entry does (docs/ALERTS.md, the chain's spec), show in `/metrics` as
+//! they change (the agent's inotify watch), and the range's used/size follow
+//! host-local's data dir. Needs root, curl and promtool.
+//!
+//!     cargo test --features testing --test chain_metrics
+// Tests may unwrap: a panic there is a failed test with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod agent_common;
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use agent_common::*;
+use common::*;
+use serde_json::{json, Value};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn preinstalled_bin(f: &Fixture) -> PathBuf {
+    let dir = f.tmp.path().join("agent-bin");
+    fs::create_dir_all(&dir).unwrap();
+    fs::copy(ledger_bin(), dir.join("cni-ledger")).unwrap();
+    dir
+}
+
+fn agent_args(f: &Fixture, bin: &Path) -> Vec<String> {
+    let mut v = Vec::new();
+    for (flag, dir) in [
+        ("--cni-bin-dir", bin),
+        ("--conf-dir", &f.conf_dir),
+        ("--ledger-dir", &f.ledger_dir),
+        ("--cni-cache-dir", &f.cache_dir),
+    ] {
+        v.push(flag.to_string());
+        v.push(dir.display().to_string());
+    }
+    // No CRI runtime (one this machine may run is not the test's); gc every second.
+    v.extend(["--cri-endpoint", "none", "--gc-interval", "1"].map(String::from));
+    v
+}
+
+/// Adds the chain's fields to a record as the tail entry does: `tail` as the head writes
+/// it for a chain with a tail, then `chain` merged in; the record rewritten the ledger's
+/// way (checksummed envelope, temp + fsync + rename).
+fn mark(path: &Path, chain: Value) {
+    let env: Value = serde_json::from_slice(&fs::read(path).unwrap()).unwrap();
+    let mut rec = env["record"].clone();
+    rec["tail"] = json!(true);
+    rec["chain"] = chain;
+    let body = serde_json::to_string(&rec).unwrap();
+    let bytes = format!(
+        "{{\"format\":1,\"sha256\":\"{}\",\"record\":{body}}}\n",
+        cni_ledger::ledger::record::sha256_hex(body.as_bytes())
+    );
+    let name = path.file_name().unwrap().to_str().unwrap();
+    cni_ledger::ledger::fsio::write_atomic(
+        path.parent().unwrap(),
+        name,
+        bytes.as_bytes(),
+        "record",
+    )
+    .unwrap();
+}
+
+fn created_boot_ns(path: &Path) -> Option<u64> {
+    let env: Value = serde_json::from_slice(&fs::read(path).unwrap()).unwrap();
+    env["record"]["createdBootNs"].as_u64()
+}
+
+#[test]
+fn the_agent_exports_chain_outcomes_durations_and_headroom() {
+    let f = Fixture::new();
+    let bin = preinstalled_bin(&f);
+    let log = f.tmp.path().join("agent.log");
+    let agent = Agent::start(&ledger_bin(), &agent_args(&f, &bin), &log, None);
+    let net = f.network.clone();
+    let ok = format!("cni_ledger_chain_adds_total{{network=\"{net}\",result=\"ok\"}}");
+    let torn =
+        format!("cni_ledger_chain_adds_total{{network=\"{net}\",result=\"failed-torn-down\"}}");
+
+    // An ADD the tail completed, 0.3 s after the head began.
+    let ns1 = Netns::new();
+    f.add("c-done", "eth0", Some(&ns1.path_str()), None)
+        .unwrap_or_else(|e| panic!("ADD: {e}"));
+    let rec1 = f.record_path("c-done", "eth0");
+    let began = created_boot_ns(&rec1).unwrap_or(1_000_000_000);
+    // Let the watcher learn the record first, as it would between head and tail.
+    std::thread::sleep(SECOND / 2);
+    mark(
+        &rec1,
+        json!({"completedAt": "2026-12-04T16:00:00Z", "completedBootNs": began + 300_000_000,
+               "addSeconds": 0.3, "result": {"cniVersion": "1.0.0"}}),
+    );
+    wait_for(5 * SECOND, || sample(&agent.metrics(), &ok) == Some(1.0)).unwrap_or_else(|| {
+        panic!(
+            "no ok ADD counted:\n{}\n{}",
+            agent.metrics(),
+            agent.log_text()
+        )
+    });
+    let m = agent.metrics();
+    let h = "cni_ledger_chain_add_duration_seconds";
+    let series = |s: &str, le: Option<&str>| match le {
+        Some(le) => format!("{h}_{s}{{network=\"{net}\",le=\"{le}\"}}"),
+        None => format!("{h}_{s}{{network=\"{net}\"}}"),
+    };
+    assert_eq!(sample(&m, &series("count", None)), Some(1.0), "{m}");
+    assert!(
+        (sample(&m, &series("sum", None)).unwrap() - 0.3).abs() < 1e-9,
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, &series("bucket", Some("0.25"))),
+        Some(0.0),
+        "{m}"
+    );
+    assert_eq!(sample(&m, &series("bucket", Some("0.5"))), Some(1.0), "{m}");
+
+    // An ADD that never reached the tail, then its DEL: the tail noted DEL's start.
+    let ns2 = Netns::new();
+    f.add("c-torn", "eth0", Some(&ns2.path_str()), None)
+        .unwrap_or_else(|e| panic!("ADD: {e}"));
+    let rec2 = f.record_path("c-torn", "eth0");
+    let del_began = cni_ledger::agent::chain_watch::boot_ns().unwrap();
+    mark(
+        &rec2,
+        json!({"delBeganAt": "2026-12-04T16:00:01Z", "delBeganBootNs": del_began}),
+    );
+    std::thread::sleep(SECOND / 2);
+    f.del("c-torn", "eth0", Some(&ns2.path_str()), None)
+        .unwrap_or_else(|e| panic!("DEL: {e}"));
+    assert!(!rec2.exists(), "DEL left the record");
+    let del_count = format!("cni_ledger_chain_del_duration_seconds_count{{network=\"{net}\"}}");
+    wait_for(5 * SECOND, || {
+        let m = agent.metrics();
+        sample(&m, &torn) == Some(1.0) && sample(&m, &del_count) == Some(1.0)
+    })
+    .unwrap_or_else(|| panic!("torn-down ADD not counted:\n{}", agent.metrics()));
+    let m = agent.metrics();
+    let del_sum = sample(
+        &m,
+        &format!("cni_ledger_chain_del_duration_seconds_sum{{network=\"{net}\"}}"),
+    )
+    .unwrap();
+    assert!(
+        (0.5..10.0).contains(&del_sum),
+        "DEL began before the 0.5 s pause: {del_sum}"
+    );
+    assert_eq!(sample(&m, &ok), Some(1.0), "a DEL is no second ok ADD: {m}");
+
+    // host-local's range: one address held (c-done's), of .2-.254 (the gateway .1 out).
+    let range = format!("{p}.1-{p}.254", p = f.subnet_prefix);
+    let used = format!("cni_ledger_addresses_used{{network=\"{net}\",range=\"{range}\"}}");
+    let size = format!("cni_ledger_addresses_size{{network=\"{net}\",range=\"{range}\"}}");
+    wait_for(5 * SECOND, || sample(&agent.metrics(), &used) == Some(1.0)).unwrap_or_else(|| {
+        panic!(
+            "headroom not exported: {:?}\n{}",
+            f.ipam_addresses(),
+            agent.metrics()
+        )
+    });
+    let m = agent.metrics();
+    assert_eq!(sample(&m, &size), Some(253.0), "{m}");
+    let ratio = sample(
+        &m,
+        &format!("cni_ledger_address_headroom_ratio{{network=\"{net}\",range=\"{range}\"}}"),
+    )
+    .unwrap();
+    assert!((ratio - 252.0 / 253.0).abs() < 1e-9, "{ratio}");
+    promtool_check(&m);
+
+    f.del("c-done", "eth0", Some(&ns1.path_str()), None)
+        .unwrap();
+    drop(agent);
+}
