@@ -178,3 +178,63 @@ fn the_agent_exports_chain_outcomes_durations_and_headroom() {
         .unwrap();
     drop(agent);
 }
+
+#[test]
+fn gc_metrics_file_carries_failed_left_and_headroom_without_the_agent() {
+    let f = Fixture::new();
+    let ns = Netns::new();
+    f.add("c-left", "eth0", Some(&ns.path_str()), None)
+        .unwrap_or_else(|e| panic!("ADD: {e}"));
+    let rec = f.record_path("c-left", "eth0");
+    // Never completed, no DEL, begun 20 minutes ago: past --chain-left-after's 900 s.
+    let now = cni_ledger::agent::chain_watch::boot_ns().unwrap();
+    let env: Value = serde_json::from_slice(&fs::read(&rec).unwrap()).unwrap();
+    let mut body = env["record"].clone();
+    body["createdBootNs"] = json!(now.saturating_sub(1_200_000_000_000));
+    body["tail"] = json!(true);
+    let text = serde_json::to_string(&body).unwrap();
+    let bytes = format!(
+        "{{\"format\":1,\"sha256\":\"{}\",\"record\":{text}}}\n",
+        cni_ledger::ledger::record::sha256_hex(text.as_bytes())
+    );
+    let name = rec.file_name().unwrap().to_str().unwrap();
+    cni_ledger::ledger::fsio::write_atomic(rec.parent().unwrap(), name, bytes.as_bytes(), "record")
+        .unwrap();
+    let file = f.tmp.path().join("cni-ledger.prom");
+    let out = std::process::Command::new(ledger_bin())
+        .arg("gc")
+        .args(["--ledger-dir", f.ledger_dir.to_str().unwrap()])
+        .args(["--conf-dir", f.conf_dir.to_str().unwrap()])
+        .args(["--cni-cache-dir", f.cache_dir.to_str().unwrap()])
+        .arg("--metrics-file")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let m = fs::read_to_string(&file).unwrap();
+    let net = &f.network;
+    assert_eq!(
+        sample(
+            &m,
+            &format!("cni_ledger_chain_failed_left_records{{network=\"{net}\"}}")
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    let range = format!("{p}.1-{p}.254", p = f.subnet_prefix);
+    assert_eq!(
+        sample(
+            &m,
+            &format!("cni_ledger_addresses_used{{network=\"{net}\",range=\"{range}\"}}")
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    promtool_check(&m);
+    assert!(rec.exists(), "a live record is left alone");
+    f.del("c-left", "eth0", Some(&ns.path_str()), None).unwrap();
+}
