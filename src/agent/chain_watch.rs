@@ -62,9 +62,13 @@ pub struct View {
 #[serde(rename_all = "camelCase")]
 pub struct ChainView {
     #[serde(default)]
+    pub completed_at: Option<String>,
+    #[serde(default)]
     pub completed_boot_ns: Option<u64>,
     #[serde(default)]
     pub add_seconds: Option<f64>,
+    #[serde(default)]
+    pub del_began_at: Option<String>,
     #[serde(default)]
     pub del_began_boot_ns: Option<u64>,
 }
@@ -91,13 +95,21 @@ pub fn view(bytes: &[u8]) -> Option<View> {
 }
 
 impl View {
+    /// Completed by the tail (either of its stamps: one may be missing when the boot
+    /// clock could not be read).
     fn completed(&self) -> bool {
         self.chain
             .as_ref()
-            .is_some_and(|c| c.completed_boot_ns.is_some())
+            .is_some_and(|c| c.completed_boot_ns.is_some() || c.completed_at.is_some())
     }
 
-    fn del_began(&self) -> Option<u64> {
+    fn del_began(&self) -> bool {
+        self.chain
+            .as_ref()
+            .is_some_and(|c| c.del_began_boot_ns.is_some() || c.del_began_at.is_some())
+    }
+
+    fn del_began_boot_ns(&self) -> Option<u64> {
         self.chain.as_ref().and_then(|c| c.del_began_boot_ns)
     }
 
@@ -124,7 +136,7 @@ impl View {
     pub fn failed_left(&self, now: &Now, left_after_secs: u64) -> bool {
         self.tail == Some(true)
             && !self.completed()
-            && self.del_began().is_none()
+            && !self.del_began()
             && self
                 .age_secs(now)
                 .is_some_and(|age| age >= left_after_secs as f64)
@@ -300,7 +312,7 @@ impl<'a> Tracker<'a> {
                 .with_label_values(&[v.network.as_str(), CHAIN_FAILED_TORN_DOWN])
                 .inc();
         }
-        if let (Some(began), Some(at)) = (v.del_began(), at_boot_ns) {
+        if let (Some(began), Some(at)) = (v.del_began_boot_ns(), at_boot_ns) {
             if let Some(ns) = at.checked_sub(began) {
                 self.metrics
                     .chain_del_duration
