@@ -13,7 +13,6 @@ pub mod cri;
 pub mod devices;
 pub mod faults;
 pub mod gc;
-pub mod headroom;
 pub mod injection;
 pub mod ledger;
 pub mod libcni;

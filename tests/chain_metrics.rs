@@ -126,7 +126,7 @@ fn the_agent_exports_chain_outcomes_durations_and_headroom() {
     f.add("c-torn", "eth0", Some(&ns2.path_str()), None)
         .unwrap_or_else(|e| panic!("ADD: {e}"));
     let rec2 = f.record_path("c-torn", "eth0");
-    let del_began = cni_ledger::agent::chain_watch::boot_ns().unwrap();
+    let del_began = cni_ledger::metrics::chain::boot_ns().unwrap();
     mark(
         &rec2,
         json!({"delBeganAt": "2026-12-04T16:00:01Z", "delBeganBootNs": del_began}),
@@ -187,7 +187,7 @@ fn gc_metrics_file_carries_failed_left_and_headroom_without_the_agent() {
         .unwrap_or_else(|e| panic!("ADD: {e}"));
     let rec = f.record_path("c-left", "eth0");
     // Never completed, no DEL, begun 20 minutes ago: past --chain-left-after's 900 s.
-    let now = cni_ledger::agent::chain_watch::boot_ns().unwrap();
+    let now = cni_ledger::metrics::chain::boot_ns().unwrap();
     let env: Value = serde_json::from_slice(&fs::read(&rec).unwrap()).unwrap();
     let mut body = env["record"].clone();
     body["createdBootNs"] = json!(now.saturating_sub(1_200_000_000_000));

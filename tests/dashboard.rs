@@ -18,9 +18,7 @@ fn read(rel: &str) -> String {
 }
 
 fn exported() -> BTreeSet<String> {
-    cni_ledger::agent::metrics::metric_names()
-        .into_iter()
-        .collect()
+    cni_ledger::metrics::metric_names().into_iter().collect()
 }
 
 /// PromQL words that are not series names: keywords, and aggregation operators (which

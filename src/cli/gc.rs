@@ -138,13 +138,16 @@ fn write_metrics(
     m.observe_ledger(&crate::ledger::Ledger::at(&opts.ledger_dir));
     m.observe_failed_left(
         &crate::ledger::Ledger::at(&opts.ledger_dir),
-        crate::agent::chain_watch::DEFAULT_LEFT_AFTER_SECS,
+        crate::metrics::chain::DEFAULT_LEFT_AFTER_SECS,
     );
     let conf_dir = opts
         .conf_dir
         .as_deref()
         .unwrap_or(std::path::Path::new(crate::cni::config::DEFAULT_CONF_DIR));
-    m.observe_conf_dir_headroom(conf_dir, true);
+    match crate::agent::conf::loadable(conf_dir) {
+        Ok(confs) => m.observe_confs_headroom(&confs, true),
+        Err(e) => crate::warn!("gc: headroom: {e:#}"),
+    }
     if let Err(e) = m.write_file(path) {
         crate::error!("gc: writing metrics to {}: {e:#}", path.display());
     }

@@ -2,6 +2,9 @@
 //! writes, with the same names, in the Prometheus text format (0.0.4) (node_exporter's textfile collector reads that
 //! format). Built on the `prometheus` crate's registry and text encoder.
 
+pub mod chain;
+pub mod headroom;
+
 use crate::gc::{Action, Report};
 use crate::ledger::{Decoded, Ledger};
 use anyhow::{Context, Result};
@@ -326,7 +329,7 @@ impl Metrics {
     /// watcher sets the same gauge from what it remembers).
     pub fn observe_failed_left(&self, ledger: &Ledger, left_after_secs: u64) {
         self.chain_failed_left.reset();
-        for (net, n) in super::chain_watch::failed_left_by_network(ledger, left_after_secs) {
+        for (net, n) in chain::failed_left_by_network(ledger, left_after_secs) {
             self.chain_failed_left
                 .with_label_values(&[net.as_str()])
                 .set(n);
@@ -334,7 +337,7 @@ impl Metrics {
     }
 
     /// Host-local's ranges as they stand: a range no longer configured leaves no series.
-    pub fn observe_headroom(&self, usages: &[crate::headroom::Usage]) {
+    pub fn observe_headroom(&self, usages: &[headroom::Usage]) {
         self.headroom_ratio.reset();
         self.addresses_used.reset();
         self.addresses_size.reset();
@@ -352,10 +355,15 @@ impl Metrics {
         }
     }
 
-    /// Headroom of the host-local networks configured in `conf_dir`; what cannot be
-    /// measured is logged (at `warn` by gc, once an interval at `debug` by the agent).
-    pub fn observe_conf_dir_headroom(&self, conf_dir: &Path, loud: bool) {
-        let (usages, problems) = crate::headroom::of_conf_dir(conf_dir);
+    /// Headroom of the host-local networks of these network configurations (a conf
+    /// dir's, in the runtime's order); what cannot be measured is logged (at `warn` by
+    /// gc, once an interval at `debug` by the agent).
+    pub fn observe_confs_headroom(
+        &self,
+        confs: &[(std::path::PathBuf, serde_json::Value)],
+        loud: bool,
+    ) {
+        let (usages, problems) = headroom::of_confs(confs);
         for p in problems {
             if loud {
                 crate::warn!("headroom: {p}");
@@ -573,7 +581,7 @@ mod tests {
     #[test]
     fn headroom_series_follow_the_ranges_configured() {
         let m = Metrics::new();
-        let usage = |range: &str, used| crate::headroom::Usage {
+        let usage = |range: &str, used| headroom::Usage {
             network: "pods".into(),
             range: range.into(),
             used,

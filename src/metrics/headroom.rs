@@ -302,26 +302,19 @@ pub fn measure(pool: &Pool) -> Result<Vec<Usage>, HeadroomError> {
         .collect())
 }
 
-/// Headroom of every network in the conf dir that uses host-local, each network once
-/// (the runtime's order: the first file that names it), with what could not be
-/// measured said why.
-pub fn of_conf_dir(dir: &Path) -> (Vec<Usage>, Vec<String>) {
+/// Headroom of every network of these configurations (a conf dir's that load, in the
+/// runtime's order) that uses host-local, each network once (the first file that names
+/// it), with what could not be measured said why.
+pub fn of_confs(confs: &[(PathBuf, Value)]) -> (Vec<Usage>, Vec<String>) {
     let mut usages = Vec::new();
     let mut problems = Vec::new();
-    let files = match crate::agent::conf::loadable(dir) {
-        Ok(f) => f,
-        Err(e) => {
-            problems.push(format!("{e:#}"));
-            return (usages, problems);
-        }
-    };
     let mut seen = HashSet::new();
-    for (_, doc) in files {
+    for (_, doc) in confs {
         let name = doc.get("name").and_then(Value::as_str).unwrap_or_default();
         if !seen.insert(name.to_string()) {
             continue;
         }
-        let (pools, errors) = pools(&doc);
+        let (pools, errors) = pools(doc);
         problems.extend(errors.iter().map(ToString::to_string));
         for pool in pools {
             match measure(&pool) {
@@ -490,22 +483,19 @@ mod tests {
     }
 
     #[test]
-    fn a_conf_dir_each_network_once_in_the_runtimes_order() {
-        let tmp = std::env::temp_dir().join(format!("headroom-conf-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(&tmp).unwrap();
-        let data = tmp.join("data");
+    fn each_network_once_the_first_configuration_naming_it() {
         let conf = |subnet: &str| {
             json!({"cniVersion": "1.0.0", "name": "pods", "plugins": [{"type": "bridge",
-                "ipam": {"type": "host-local", "subnet": subnet, "dataDir": data}}]})
-            .to_string()
+                "ipam": {"type": "host-local", "subnet": subnet, "dataDir": "/nonexistent"}}]})
         };
-        std::fs::write(tmp.join("10-pods.conflist"), conf("10.0.0.0/24")).unwrap();
-        std::fs::write(tmp.join("20-old.conflist"), conf("10.9.0.0/24")).unwrap();
-        let (usages, problems) = of_conf_dir(&tmp);
+        let confs = [
+            (PathBuf::from("10-pods.conflist"), conf("10.0.0.0/24")),
+            (PathBuf::from("20-old.conflist"), conf("10.9.0.0/24")),
+        ];
+        let (usages, problems) = of_confs(&confs);
         assert!(problems.is_empty(), "{problems:?}");
         assert_eq!(usages.len(), 1);
         assert_eq!(usages[0].range, "10.0.0.1-10.0.0.254");
-        std::fs::remove_dir_all(&tmp).unwrap();
+        assert_eq!(usages[0].used, 0, "no data dir: nothing reserved yet");
     }
 }
