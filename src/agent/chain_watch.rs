@@ -31,7 +31,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 pub use crate::metrics::chain::DEFAULT_LEFT_AFTER_SECS;
-/// How often the failed-left pass runs.
+/// How often the failed-left pass runs at most (more often for a shorter
+/// `--chain-left-after`: the pass need not be finer than the threshold, nor coarser).
 const SWEEP: Duration = Duration::from_secs(30);
 /// How often an unarmed watch (no `records/` yet) is tried again.
 const REARM: Duration = Duration::from_secs(1);
@@ -302,7 +303,7 @@ pub fn run(ledger_dir: &Path, metrics: &Metrics, left_after_secs: u64, stop: &St
         }
         if Instant::now() >= next_sweep {
             tracker.sweep(&Now::read());
-            next_sweep = Instant::now() + SWEEP;
+            next_sweep = Instant::now() + SWEEP.min(Duration::from_secs(left_after_secs.max(1)));
         }
         let wait = next_sweep.saturating_duration_since(Instant::now());
         let wait = if watch.is_none() {
