@@ -74,6 +74,7 @@ fn created_boot_ns(path: &Path) -> Option<u64> {
 
 #[test]
 fn the_agent_exports_chain_outcomes_durations_and_headroom() {
+    require_root!();
     let f = Fixture::new();
     let bin = preinstalled_bin(&f);
     let log = f.tmp.path().join("agent.log");
@@ -181,6 +182,7 @@ fn the_agent_exports_chain_outcomes_durations_and_headroom() {
 
 #[test]
 fn gc_metrics_file_carries_failed_left_and_headroom_without_the_agent() {
+    require_root!();
     let f = Fixture::new();
     let ns = Netns::new();
     f.add("c-left", "eth0", Some(&ns.path_str()), None)
