@@ -78,7 +78,10 @@ fn the_agent_exports_chain_outcomes_durations_and_headroom() {
     let f = Fixture::new();
     let bin = preinstalled_bin(&f);
     let log = f.tmp.path().join("agent.log");
-    let agent = Agent::start(&ledger_bin(), &agent_args(&f, &bin), &log, None);
+    // No tail in the chain: the test plays the tail's part on the records itself.
+    let mut args = agent_args(&f, &bin);
+    args.push("--no-tail".into());
+    let agent = Agent::start(&ledger_bin(), &args, &log, None);
     let net = f.network.clone();
     let ok = format!("cni_ledger_chain_adds_total{{network=\"{net}\",result=\"ok\"}}");
     let torn =
@@ -239,4 +242,158 @@ fn gc_metrics_file_carries_failed_left_and_headroom_without_the_agent() {
     promtool_check(&m);
     assert!(rec.exists(), "a live record is left alone");
     f.del("c-left", "eth0", Some(&ns.path_str()), None).unwrap();
+}
+
+// Through libcni with the real tail: the chain helper's probe plugin
+// (testdata/plugins/cl-chainprobe) sleeps or fails ADD in the chain
+// `[cni-ledger, bridge+host-local, cl-chainprobe, cni-ledger (tail)]`.
+
+const PROBE: &str = "cl-chainprobe";
+
+fn tail_fixture(probe: Value) -> Fixture {
+    let mut f = Fixture::with_spec(ChainSpec {
+        portmap: false,
+        ..ChainSpec::full()
+    });
+    let to = f.bin_dir.join(PROBE);
+    fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata/plugins")
+            .join(PROBE),
+        &to,
+    )
+    .unwrap();
+    set_mode(&to, 0o755);
+    let mut probe = probe;
+    probe["type"] = json!(PROBE);
+    let tail = json!({
+        "type": "cni-ledger",
+        "role": "tail",
+        "ledgerDir": f.ledger_dir,
+        "logFile": f.log_file,
+        "logLevel": "info",
+    });
+    f.spec.extra = vec![probe, tail];
+    let spec = f.spec.clone();
+    f.write_conflist(&f.conflist(&spec));
+    f
+}
+
+fn tail_agent(f: &Fixture, left_after: &str) -> Agent {
+    let bin = preinstalled_bin(f);
+    let mut args = agent_args(f, &bin);
+    args.extend(["--chain-left-after".to_string(), left_after.to_string()]);
+    let log = f.tmp.path().join("agent.log");
+    let agent = Agent::start(&ledger_bin(), &args, &log, None);
+    // The records dir exists from the agent's first pass; let the watcher arm.
+    wait_for(5 * SECOND, || f.ledger_dir.join("records").is_dir())
+        .unwrap_or_else(|| panic!("no records dir:\n{}", agent.log_text()));
+    std::thread::sleep(SECOND);
+    agent
+}
+
+#[test]
+fn through_libcni_the_add_histogram_brackets_a_plugins_sleep() {
+    require_root!();
+    let sleep = 0.7;
+    let f = tail_fixture(json!({"addSleepMs": 700}));
+    let agent = tail_agent(&f, "900");
+    let net = f.network.clone();
+    let ns = Netns::new();
+    let t0 = std::time::Instant::now();
+    f.add("c-timed", "eth0", Some(&ns.path_str()), None)
+        .unwrap_or_else(|e| panic!("ADD: {e}\n{}", f.log()));
+    let outer = t0.elapsed().as_secs_f64();
+    let count = format!("cni_ledger_chain_add_duration_seconds_count{{network=\"{net}\"}}");
+    wait_for(5 * SECOND, || sample(&agent.metrics(), &count) == Some(1.0))
+        .unwrap_or_else(|| panic!("not observed:\n{}\n{}", agent.metrics(), agent.log_text()));
+    let m = agent.metrics();
+    let sum = sample(
+        &m,
+        &format!("cni_ledger_chain_add_duration_seconds_sum{{network=\"{net}\"}}"),
+    )
+    .unwrap();
+    assert!(
+        sum >= sleep && sum <= outer,
+        "observed {sum}s outside [{sleep}, {outer}]"
+    );
+    let bucket = |le: &str| {
+        sample(
+            &m,
+            &format!(
+                "cni_ledger_chain_add_duration_seconds_bucket{{network=\"{net}\",le=\"{le}\"}}"
+            ),
+        )
+    };
+    assert_eq!(bucket("0.5"), Some(0.0), "{m}");
+    assert_eq!(bucket("60"), Some(1.0), "{m}");
+    assert_eq!(
+        sample(
+            &m,
+            &format!("cni_ledger_chain_adds_total{{network=\"{net}\",result=\"ok\"}}")
+        ),
+        Some(1.0)
+    );
+    // The runtime's DEL: the tail notes its start, the head removes the record.
+    f.del("c-timed", "eth0", Some(&ns.path_str()), None)
+        .unwrap();
+    let del = format!("cni_ledger_chain_del_duration_seconds_count{{network=\"{net}\"}}");
+    wait_for(5 * SECOND, || sample(&agent.metrics(), &del) == Some(1.0))
+        .unwrap_or_else(|| panic!("DEL not observed:\n{}", agent.metrics()));
+    let m = agent.metrics();
+    assert_eq!(
+        sample(
+            &m,
+            &format!(
+                "cni_ledger_chain_adds_total{{network=\"{net}\",result=\"failed-torn-down\"}}"
+            )
+        ),
+        None,
+        "a completed ADD's DEL is no failure: {m}"
+    );
+}
+
+#[test]
+fn through_libcni_a_failed_add_is_torn_down_with_its_del_and_left_without() {
+    require_root!();
+    let f = tail_fixture(json!({"failAdd": true}));
+    let agent = tail_agent(&f, "2");
+    let net = f.network.clone();
+    let (torn_ns, left_ns) = (Netns::new(), Netns::new());
+    for (cid, ns) in [("c-torn", &torn_ns), ("c-left", &left_ns)] {
+        let e = f.add(cid, "eth0", Some(&ns.path_str()), None).unwrap_err();
+        assert!(e.contains("cl-chainprobe fails ADD"), "{e}");
+    }
+    let series =
+        |r: &str| format!("cni_ledger_chain_adds_total{{network=\"{net}\",result=\"{r}\"}}");
+    f.del("c-torn", "eth0", Some(&torn_ns.path_str()), None)
+        .unwrap();
+    wait_for(5 * SECOND, || {
+        sample(&agent.metrics(), &series("failed-torn-down")) == Some(1.0)
+    })
+    .unwrap_or_else(|| panic!("torn-down not counted:\n{}", agent.metrics()));
+    // No DEL for the other: failed-left once older than --chain-left-after (2 s), once.
+    let left_now = format!("cni_ledger_chain_failed_left_records{{network=\"{net}\"}}");
+    wait_for(10 * SECOND, || {
+        sample(&agent.metrics(), &left_now) == Some(1.0)
+    })
+    .unwrap_or_else(|| panic!("failed-left not seen:\n{}", agent.metrics()));
+    std::thread::sleep(3 * SECOND);
+    let m = agent.metrics();
+    assert_eq!(
+        sample(&m, &series("failed-left")),
+        Some(1.0),
+        "counted once: {m}"
+    );
+    assert_eq!(sample(&m, &series("ok")), None, "{m}");
+    assert_eq!(sample(&m, &series("failed-torn-down")), Some(1.0), "{m}");
+    // Its late DEL is not counted again as torn down.
+    f.del("c-left", "eth0", Some(&left_ns.path_str()), None)
+        .unwrap();
+    wait_for(5 * SECOND, || sample(&agent.metrics(), &left_now).is_none())
+        .unwrap_or_else(|| panic!("gauge kept a removed record:\n{}", agent.metrics()));
+    assert_eq!(
+        sample(&agent.metrics(), &series("failed-torn-down")),
+        Some(1.0)
+    );
 }

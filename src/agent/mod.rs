@@ -405,7 +405,7 @@ pub fn run(mut opts: Options) -> Result<i32> {
                 chain_watch::run(
                     &opts.gc.ledger_dir,
                     &shared.metrics,
-                    chain_watch::DEFAULT_LEFT_AFTER_SECS,
+                    opts.gc.chain_left_after_secs,
                     &stop,
                 )
             })

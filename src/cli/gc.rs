@@ -138,7 +138,7 @@ fn write_metrics(
     m.observe_ledger(&crate::ledger::Ledger::at(&opts.ledger_dir));
     m.observe_failed_left(
         &crate::ledger::Ledger::at(&opts.ledger_dir),
-        crate::metrics::chain::DEFAULT_LEFT_AFTER_SECS,
+        opts.chain_left_after_secs,
     );
     let conf_dir = opts
         .conf_dir

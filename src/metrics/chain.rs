@@ -7,9 +7,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::collections::BTreeMap;
 
-/// `--chain-left-after`'s default: an ADD not completed after this long, and no DEL
-/// since, was left behind by its runtime.
-pub const DEFAULT_LEFT_AFTER_SECS: u64 = 900;
+pub use crate::chain::DEFAULT_LEFT_AFTER_SECS;
 const RECORD_EXT: &str = ".json";
 const MAX_RECORD: u64 = 4 << 20;
 
