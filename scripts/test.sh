@@ -5,7 +5,7 @@
 # use (real CNI plugins, libcni's Go source, iptables, iproute2, hyperfine,
 # containerd with gcc and libc6-dev for the static pause image of the CRI test, qemu
 # and debootstrap for the VM reboot test),
-# then cargo fmt --check, clippy with -D warnings and the whole test suite.
+# then promtool on the alerting rules, cargo fmt --check, clippy with -D warnings and the whole test suite.
 # Exits non-zero as soon as any stage fails.
 set -euo pipefail
 
@@ -86,6 +86,12 @@ bash scripts/fetch-unstable.sh golang-1.27-src target/go-1.27
 # containerd 2.x (CRI config version 3) for tests/cri.rs: unstable's .deb unpacked into
 # target/containerd-2 (its Go binaries need only libc and bookworm's runc).
 bash scripts/fetch-unstable.sh containerd target/containerd-2
+
+# The shipped alerting rules: valid, and their unit tests (every alert firing and not
+# firing) pass. promtool comes with Debian's prometheus package (above).
+say "promtool check rules / test rules (deploy/prometheus)"
+promtool check rules deploy/prometheus/cni-ledger-rules.yaml
+(cd deploy/prometheus && promtool test rules cni-ledger-rules.test.yaml)
 
 say "cargo fmt --check"
 cargo fmt --check

@@ -32,6 +32,7 @@ pub fn run(shared: &Shared, opts: &Options, stop: &Stop) {
         shared
             .metrics
             .observe_ledger(&Ledger::at(&opts.gc.ledger_dir));
+        headroom(shared, opts);
         if stop.requested() || stop.sleep(opts.gc_interval) {
             return;
         }
@@ -119,4 +120,12 @@ fn consult(opts: &Options, endpoints: &[String]) -> crate::cri::Consulted {
         discovered,
         crate::cri::TIMEOUT,
     )
+}
+
+/// Host-local's headroom in the conf dir's networks.
+fn headroom(shared: &Shared, opts: &Options) {
+    match conf::loadable(&opts.conf_dir) {
+        Ok(confs) => shared.metrics.observe_confs_headroom(&confs, false),
+        Err(e) => crate::debug!("agent: headroom: {e:#}"),
+    }
 }

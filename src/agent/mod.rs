@@ -13,6 +13,7 @@
 //! None of this is reachable from the plugin face: `main` selects the plugin when
 //! `CNI_COMMAND` is set before any CLI code runs.
 
+pub mod chain_watch;
 pub mod conf;
 mod conflists;
 pub mod fight;
@@ -396,11 +397,27 @@ pub fn run(mut opts: Options) -> Result<i32> {
             .context("starting the gc loop")?
     };
 
+    let chain_watch = {
+        let (shared, stop, opts) = (shared.clone(), stop.clone(), opts.clone());
+        std::thread::Builder::new()
+            .name("chain-watch".into())
+            .spawn(move || {
+                chain_watch::run(
+                    &opts.gc.ledger_dir,
+                    &shared.metrics,
+                    opts.gc.chain_left_after_secs,
+                    &stop,
+                )
+            })
+            .context("starting the chain watcher")?
+    };
+
     let sig = signals.wait().context("waiting for a signal")?;
     crate::info!("agent: {sig:?}: letting replays in progress finish, then exiting");
     stop.request();
     let _ = gc.join();
     let _ = watcher.join();
+    let _ = chain_watch.join();
     crate::info!("agent: stopped");
     Ok(0)
 }

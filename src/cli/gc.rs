@@ -136,6 +136,18 @@ fn write_metrics(
         None => m.observe_gc_error(took.as_secs_f64()),
     }
     m.observe_ledger(&crate::ledger::Ledger::at(&opts.ledger_dir));
+    m.observe_failed_left(
+        &crate::ledger::Ledger::at(&opts.ledger_dir),
+        opts.chain_left_after_secs,
+    );
+    let conf_dir = opts
+        .conf_dir
+        .as_deref()
+        .unwrap_or(std::path::Path::new(crate::cni::config::DEFAULT_CONF_DIR));
+    match crate::agent::conf::loadable(conf_dir) {
+        Ok(confs) => m.observe_confs_headroom(&confs, true),
+        Err(e) => crate::warn!("gc: headroom: {e:#}"),
+    }
     if let Err(e) = m.write_file(path) {
         crate::error!("gc: writing metrics to {}: {e:#}", path.display());
     }

@@ -2,16 +2,27 @@
 //! writes, with the same names, in the Prometheus text format (0.0.4) (node_exporter's textfile collector reads that
 //! format). Built on the `prometheus` crate's registry and text encoder.
 
+pub mod chain;
+pub mod headroom;
+
 use crate::gc::{Action, Report};
 use crate::ledger::{Decoded, Ledger};
 use anyhow::{Context, Result};
-use prometheus::{Gauge, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::core::Collector;
+use prometheus::proto::MetricType;
+use prometheus::{
+    Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 
 pub struct Metrics {
     registry: Registry,
+    /// Every family registered, for `metric_names` (the registry's `gather` leaves out
+    /// families without a series yet).
+    families: Vec<Box<dyn Collector>>,
     pub records: IntGaugeVec,
     pub stale: IntGaugeVec,
     pub quarantined: IntGauge,
@@ -30,7 +41,26 @@ pub struct Metrics {
     pub cri_unanswered: IntCounterVec,
     pub cri_refused: Gauge,
     pub unreadable: Gauge,
+    pub failed_records: IntGauge,
+    pub chain_add_duration: HistogramVec,
+    pub chain_del_duration: HistogramVec,
+    pub chain_adds: IntCounterVec,
+    pub chain_failed_left: IntGaugeVec,
+    pub headroom_ratio: GaugeVec,
+    pub addresses_used: GaugeVec,
+    pub addresses_size: GaugeVec,
 }
+
+/// `cni_ledger_chain_adds_total{result}`: how a chain's ADD ended (docs/ALERTS.md).
+pub const CHAIN_OK: &str = "ok";
+pub const CHAIN_FAILED_TORN_DOWN: &str = "failed-torn-down";
+pub const CHAIN_FAILED_LEFT: &str = "failed-left";
+
+/// Buckets of the chain's ADD and DEL durations: a CNI call takes from a few ms (a
+/// bridge and host-local) to tens of seconds (a cloud IPAM, runtimes' timeouts).
+pub const CHAIN_BUCKETS: [f64; 14] = [
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0,
+];
 
 /// Outcomes of a replay, as `cni_ledger_replays_total{outcome}` counts them.
 pub const REPLAY_OUTCOMES: [Action; 3] = [Action::Replayed, Action::Retrying, Action::Failed];
@@ -51,35 +81,47 @@ impl Metrics {
     #[allow(clippy::expect_used)]
     pub fn new() -> Metrics {
         let registry = Registry::new();
+        let families = std::cell::RefCell::new(Vec::<Box<dyn Collector>>::new());
+        // One handle for the registry, one kept for `series_names`.
+        let register = |c: Box<dyn Collector>, kept: Box<dyn Collector>| {
+            registry.register(c).expect("unique metric");
+            families.borrow_mut().push(kept);
+        };
         let gauge_vec = |name: &str, help: &str, label: &str| {
             let m = IntGaugeVec::new(opts(name, help), &[label]).expect("valid metric");
-            registry
-                .register(Box::new(m.clone()))
-                .expect("unique metric");
+            register(Box::new(m.clone()), Box::new(m.clone()));
             m
         };
-        let counter_vec = |name: &str, help: &str, label: &str| {
-            let m = IntCounterVec::new(opts(name, help), &[label]).expect("valid metric");
-            registry
-                .register(Box::new(m.clone()))
-                .expect("unique metric");
+        let float_gauge_vec = |name: &str, help: &str, labels: &[&str]| {
+            let m = GaugeVec::new(opts(name, help), labels).expect("valid metric");
+            register(Box::new(m.clone()), Box::new(m.clone()));
+            m
+        };
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
+            let m = IntCounterVec::new(opts(name, help), labels).expect("valid metric");
+            register(Box::new(m.clone()), Box::new(m.clone()));
             m
         };
         let gauge = |name: &str, help: &str| {
             let m = Gauge::with_opts(opts(name, help)).expect("valid metric");
-            registry
-                .register(Box::new(m.clone()))
-                .expect("unique metric");
+            register(Box::new(m.clone()), Box::new(m.clone()));
             m
         };
-        let quarantined = IntGauge::with_opts(opts(
+        let int_gauge = |name: &str, help: &str| {
+            let m = IntGauge::with_opts(opts(name, help)).expect("valid metric");
+            register(Box::new(m.clone()), Box::new(m.clone()));
+            m
+        };
+        let histogram_vec = |name: &str, help: &str| {
+            let o = HistogramOpts::new(name, help).buckets(CHAIN_BUCKETS.to_vec());
+            let m = HistogramVec::new(o, &["network"]).expect("valid metric");
+            register(Box::new(m.clone()), Box::new(m.clone()));
+            m
+        };
+        let quarantined = int_gauge(
             "cni_ledger_quarantined_files",
             "Damaged files moved aside into the ledger's quarantine/ (never acted on).",
-        ))
-        .expect("valid metric");
-        registry
-            .register(Box::new(quarantined.clone()))
-            .expect("unique metric");
+        );
         Metrics {
             records: gauge_vec(
                 "cni_ledger_records",
@@ -103,12 +145,12 @@ impl Metrics {
             replays: counter_vec(
                 "cni_ledger_replays_total",
                 "DEL replays by outcome: replayed (record removed), retrying (failed, will retry), failed (gave up).",
-                "outcome",
+                &["outcome"],
             ),
             gc_runs: counter_vec(
                 "cni_ledger_gc_runs_total",
                 "gc runs by result: ok (the run completed, whatever its replays did) or error (the ledger could not be used).",
-                "result",
+                &["result"],
             ),
             gc_duration: gauge(
                 "cni_ledger_gc_duration_seconds",
@@ -126,12 +168,12 @@ impl Metrics {
             injections: counter_vec(
                 "cni_ledger_conflist_injections_total",
                 "Times the agent wrote the ledger into this conflist.",
-                "file",
+                &["file"],
             ),
             reverts: counter_vec(
                 "cni_ledger_conflist_reverts_total",
                 "Times another writer took the ledger out of this conflist after the agent put it in.",
-                "file",
+                &["file"],
             ),
             fight: gauge_vec(
                 "cni_ledger_conflist_fight",
@@ -161,10 +203,69 @@ impl Metrics {
             cri_unanswered: counter_vec(
                 "cni_ledger_cri_unanswered_total",
                 "gc runs at which this CRI runtime did not answer.",
-                "endpoint",
+                &["endpoint"],
             ),
+            failed_records: int_gauge(
+                "cni_ledger_failed_records",
+                "Records whose DEL replay failed --max-attempts times and were marked failed: left in place for an operator (gc --retry-failed tries them again).",
+            ),
+            chain_add_duration: histogram_vec(
+                "cni_ledger_chain_add_duration_seconds",
+                "Time a chain with a tail entry took on ADD, from the head's start to the tail's end (CLOCK_BOOTTIME), by network.",
+            ),
+            chain_del_duration: histogram_vec(
+                "cni_ledger_chain_del_duration_seconds",
+                "Time a chain with a tail entry took on DEL, from the tail's start to the record's removal by the head, by network.",
+            ),
+            chain_adds: counter_vec(
+                "cni_ledger_chain_adds_total",
+                "ADDs of chains with a tail entry by how they ended: ok (the tail completed the record), failed-torn-down (never completed, and its DEL came), failed-left (never completed, no DEL, older than --chain-left-after). Each record counted once.",
+                &["network", "result"],
+            ),
+            chain_failed_left: gauge_vec(
+                "cni_ledger_chain_failed_left_records",
+                "Records of chains with a tail entry whose ADD never completed and no DEL came, older than --chain-left-after, at the last gc run: what a runtime that failed an ADD and never called DEL leaves behind.",
+                "network",
+            ),
+            headroom_ratio: float_gauge_vec(
+                "cni_ledger_address_headroom_ratio",
+                "Free share of a host-local range: (size - used) / size, at the last gc run.",
+                &["network", "range"],
+            ),
+            addresses_used: float_gauge_vec(
+                "cni_ledger_addresses_used",
+                "Addresses of a host-local range reserved in its data dir, at the last gc run.",
+                &["network", "range"],
+            ),
+            addresses_size: float_gauge_vec(
+                "cni_ledger_addresses_size",
+                "Addresses host-local can hand out from a range (rangeStart to rangeEnd, less the gateway).",
+                &["network", "range"],
+            ),
+            families: families.into_inner(),
             registry,
         }
+    }
+
+    /// The names of every series this process can export: a family's name, or for a
+    /// histogram its `_bucket`, `_sum` and `_count` series. What dashboards and alert
+    /// rules may refer to (tests/dashboard.rs checks them against it).
+    pub fn series_names(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        for family in self.families.iter().flat_map(|c| c.collect()) {
+            let name = family.name();
+            match family.get_field_type() {
+                MetricType::HISTOGRAM => {
+                    for suffix in ["_bucket", "_sum", "_count"] {
+                        names.push(format!("{name}{suffix}"));
+                    }
+                }
+                _ => names.push(name.to_string()),
+            }
+        }
+        names.sort();
+        names.dedup();
+        names
     }
 
     pub fn encode(&self) -> String {
@@ -181,7 +282,9 @@ impl Metrics {
                 .inc_by(0);
         }
         let mut stale: BTreeMap<&str, i64> = BTreeMap::new();
+        let mut failed = 0;
         for r in &report.records {
+            failed += i64::from(matches!(r.action, Action::Failed | Action::SkipFailed));
             if REPLAY_OUTCOMES.contains(&r.action) {
                 self.replays.with_label_values(&[r.action.as_str()]).inc();
             }
@@ -189,6 +292,7 @@ impl Metrics {
                 *stale.entry(r.reason.as_str()).or_default() += 1;
             }
         }
+        self.failed_records.set(failed);
         self.stale.reset();
         for (reason, n) in stale {
             self.stale.with_label_values(&[reason]).set(n);
@@ -219,6 +323,55 @@ impl Metrics {
                 None => self.cri_unanswered.with_label_values(&ep).inc(),
             }
         }
+    }
+
+    /// Records of chains with a tail left behind now (gc --metrics-file; the agent's
+    /// watcher sets the same gauge from what it remembers).
+    pub fn observe_failed_left(&self, ledger: &Ledger, left_after_secs: u64) {
+        self.chain_failed_left.reset();
+        for (net, n) in chain::failed_left_by_network(ledger, left_after_secs) {
+            self.chain_failed_left
+                .with_label_values(&[net.as_str()])
+                .set(n);
+        }
+    }
+
+    /// Host-local's ranges as they stand: a range no longer configured leaves no series.
+    pub fn observe_headroom(&self, usages: &[headroom::Usage]) {
+        self.headroom_ratio.reset();
+        self.addresses_used.reset();
+        self.addresses_size.reset();
+        for u in usages {
+            let labels = [u.network.as_str(), u.range.as_str()];
+            self.headroom_ratio
+                .with_label_values(&labels)
+                .set(u.headroom());
+            self.addresses_used
+                .with_label_values(&labels)
+                .set(u.used as f64);
+            self.addresses_size
+                .with_label_values(&labels)
+                .set(u.size as f64);
+        }
+    }
+
+    /// Headroom of the host-local networks of these network configurations (a conf
+    /// dir's, in the runtime's order); what cannot be measured is logged (at `warn` by
+    /// gc, once an interval at `debug` by the agent).
+    pub fn observe_confs_headroom(
+        &self,
+        confs: &[(std::path::PathBuf, serde_json::Value)],
+        loud: bool,
+    ) {
+        let (usages, problems) = headroom::of_confs(confs);
+        for p in problems {
+            if loud {
+                crate::warn!("headroom: {p}");
+            } else {
+                crate::debug!("headroom: {p}");
+            }
+        }
+        self.observe_headroom(&usages);
     }
 
     pub fn observe_gc_error(&self, secs: f64) {
@@ -324,6 +477,11 @@ impl Metrics {
     }
 }
 
+/// Every series name the agent and `gc --metrics-file` can export (see `series_names`).
+pub fn metric_names() -> Vec<String> {
+    Metrics::new().series_names()
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
@@ -398,6 +556,50 @@ mod tests {
                 "cni_ledger_cri_unanswered_total{{endpoint=\"{ep}\"}} 1"
             )),
             "carried over from the previous file: {text}"
+        );
+    }
+
+    #[test]
+    fn every_family_is_named_even_before_its_first_series() {
+        let names = Metrics::new().series_names();
+        for n in [
+            "cni_ledger_replays_total",
+            "cni_ledger_failed_records",
+            "cni_ledger_chain_adds_total",
+            "cni_ledger_address_headroom_ratio",
+            "cni_ledger_chain_add_duration_seconds_bucket",
+            "cni_ledger_chain_add_duration_seconds_sum",
+            "cni_ledger_chain_del_duration_seconds_count",
+        ] {
+            assert!(names.iter().any(|x| x == n), "{n} not in {names:?}");
+        }
+        assert!(!names
+            .iter()
+            .any(|x| x == "cni_ledger_chain_add_duration_seconds"));
+    }
+
+    #[test]
+    fn headroom_series_follow_the_ranges_configured() {
+        let m = Metrics::new();
+        let usage = |range: &str, used| headroom::Usage {
+            network: "pods".into(),
+            range: range.into(),
+            used,
+            size: 20,
+        };
+        m.observe_headroom(&[usage("10.0.0.1-10.0.0.20", 19), usage("b", 0)]);
+        let text = m.encode();
+        assert!(
+            text.contains(
+                "cni_ledger_address_headroom_ratio{network=\"pods\",range=\"10.0.0.1-10.0.0.20\"} 0.05"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("cni_ledger_addresses_size{network=\"pods\",range=\"b\"} 20"));
+        m.observe_headroom(&[usage("b", 1)]);
+        assert!(
+            !m.encode().contains("10.0.0.1-10.0.0.20"),
+            "a range removed leaves no series"
         );
     }
 }

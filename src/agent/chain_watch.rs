@@ -1,0 +1,582 @@
+//! The chain's metrics, from the ledger's `records/` directory as it changes (inotify),
+//! never by polling every record (docs/ALERTS.md, the chain's spec):
+//!
+//! - a record written (`IN_CLOSE_WRITE`, `IN_MOVED_TO`: the ledger writes by rename) is
+//!   read once; the first time its ADD shows completed by the tail (`chain.completedBootNs`)
+//!   its duration is observed in `cni_ledger_chain_add_duration_seconds` and counted
+//!   `ok`, once per key and ADD (`addId`);
+//! - a record removed (`IN_DELETE`, `IN_MOVED_FROM`) that had `tail: true` and never
+//!   completed is counted `failed-torn-down` (its DEL came: the runtime's, or gc's
+//!   replay); if the tail noted DEL's start (`chain.delBeganBootNs`), the time from then
+//!   to now is observed in `cni_ledger_chain_del_duration_seconds`;
+//! - a periodic pass over what the watcher remembers (no file read) classifies records
+//!   with `tail: true`, never completed, no DEL begun and older than `--chain-left-after`
+//!   as `failed-left`: counted once each, and their number now in
+//!   `cni_ledger_chain_failed_left_records`.
+//!
+//! Memory: a few short strings per record in the ledger (one per attachment on the
+//! node), dropped with the record. Missed events (queue overflow, a watch re-armed) are
+//! made up by listing the directory again: records completed meanwhile are observed
+//! then, removals found then are counted without a DEL duration.
+
+use super::Stop;
+use crate::ledger::Ledger;
+use crate::metrics::chain::{boot_ns, list, read_view, stem, Now, View};
+use crate::metrics::{Metrics, CHAIN_FAILED_LEFT, CHAIN_FAILED_TORN_DOWN, CHAIN_OK};
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+pub use crate::metrics::chain::DEFAULT_LEFT_AFTER_SECS;
+/// How often the failed-left pass runs at most (more often for a shorter
+/// `--chain-left-after`: the pass need not be finer than the threshold, nor coarser).
+const SWEEP: Duration = Duration::from_secs(30);
+/// How often an unarmed watch (no `records/` yet) is tried again.
+const REARM: Duration = Duration::from_secs(1);
+
+/// What the watcher remembers of a record.
+struct Known {
+    view: View,
+    /// Already counted failed-left: not counted again when its DEL comes.
+    counted_left: bool,
+}
+
+/// The watcher's memory and the metrics it feeds.
+pub struct Tracker<'a> {
+    ledger: Ledger,
+    metrics: &'a Metrics,
+    left_after_secs: u64,
+    known: HashMap<String, Known>,
+}
+
+impl<'a> Tracker<'a> {
+    pub fn new(ledger: Ledger, metrics: &'a Metrics, left_after_secs: u64) -> Tracker<'a> {
+        Tracker {
+            ledger,
+            metrics,
+            left_after_secs,
+            known: HashMap::new(),
+        }
+    }
+
+    /// Lists `records/` and takes what changed since the watcher last knew: at start
+    /// (`observe` false: what completed before the agent watched is not this process's
+    /// to count) and after missed events.
+    pub fn resync(&mut self, observe: bool) {
+        let listed: HashMap<String, View> = list(&self.ledger).into_iter().collect();
+        let gone: Vec<String> = self
+            .known
+            .keys()
+            .filter(|k| !listed.contains_key(*k))
+            .cloned()
+            .collect();
+        for stem in gone {
+            self.removed(&stem, None);
+        }
+        for (stem, v) in listed {
+            if observe {
+                self.take(stem, v);
+            } else {
+                self.known.insert(
+                    stem,
+                    Known {
+                        view: v,
+                        counted_left: false,
+                    },
+                );
+            }
+        }
+    }
+
+    /// A record file was written: read it and count its completion, once.
+    pub fn written(&mut self, stem: &str) {
+        // None: gone again already, or not a record we can read; its removal (if
+        // any) comes as its own event.
+        if let Some(v) = read_view(&self.ledger, stem) {
+            self.take(stem.to_string(), v);
+        }
+    }
+
+    fn take(&mut self, stem: String, v: View) {
+        let prev = self.known.get(&stem);
+        let same_add = prev.is_some_and(|p| p.view.add_id == v.add_id);
+        let was_completed = same_add && prev.is_some_and(|p| p.view.completed());
+        let counted_left = same_add && prev.is_some_and(|p| p.counted_left);
+        if v.completed() && !was_completed {
+            if let Some(secs) = v.add_seconds() {
+                self.metrics
+                    .chain_add_duration
+                    .with_label_values(&[v.network.as_str()])
+                    .observe(secs);
+            }
+            self.metrics
+                .chain_adds
+                .with_label_values(&[v.network.as_str(), CHAIN_OK])
+                .inc();
+        }
+        self.known.insert(
+            stem,
+            Known {
+                view: v,
+                counted_left,
+            },
+        );
+    }
+
+    /// A record file was removed; `at_boot_ns` is when (None: found by a resync, time
+    /// unknown).
+    pub fn removed(&mut self, stem: &str, at_boot_ns: Option<u64>) {
+        let Some(k) = self.known.remove(stem) else {
+            return;
+        };
+        let v = &k.view;
+        if v.tail != Some(true) {
+            return;
+        }
+        let net = [v.network.as_str()];
+        if !v.completed() && !k.counted_left {
+            self.metrics
+                .chain_adds
+                .with_label_values(&[v.network.as_str(), CHAIN_FAILED_TORN_DOWN])
+                .inc();
+        }
+        if let (Some(began), Some(at)) = (v.del_began_boot_ns(), at_boot_ns) {
+            if let Some(ns) = at.checked_sub(began) {
+                self.metrics
+                    .chain_del_duration
+                    .with_label_values(&net)
+                    .observe(ns as f64 / 1e9);
+            }
+        }
+    }
+
+    /// The failed-left pass over what is remembered: counts each record once and sets
+    /// the number left behind now, per network.
+    pub fn sweep(&mut self, now: &Now) {
+        let mut now_left: BTreeMap<String, i64> = BTreeMap::new();
+        for k in self.known.values_mut() {
+            if !k.view.failed_left(now, self.left_after_secs) {
+                continue;
+            }
+            *now_left.entry(k.view.network.clone()).or_default() += 1;
+            if !k.counted_left {
+                k.counted_left = true;
+                self.metrics
+                    .chain_adds
+                    .with_label_values(&[k.view.network.as_str(), CHAIN_FAILED_LEFT])
+                    .inc();
+            }
+        }
+        self.metrics.chain_failed_left.reset();
+        for (net, n) in now_left {
+            self.metrics
+                .chain_failed_left
+                .with_label_values(&[net.as_str()])
+                .set(n);
+        }
+    }
+
+    /// Records remembered (for tests and the log).
+    pub fn len(&self) -> usize {
+        self.known.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.known.is_empty()
+    }
+}
+
+/// What a drain found besides the events it handed on.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Drained {
+    Done,
+    /// Events were lost (queue overflow): a resync is due.
+    Overflow,
+    /// The directory was removed or moved: the watch must be armed again.
+    Lost,
+}
+
+/// An inotify watch of `records/`.
+pub struct Watch {
+    inotify: Inotify,
+}
+
+impl Watch {
+    pub fn arm(records: &Path) -> nix::Result<Watch> {
+        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
+        inotify.add_watch(
+            records,
+            AddWatchFlags::IN_CLOSE_WRITE
+                | AddWatchFlags::IN_MOVED_TO
+                | AddWatchFlags::IN_DELETE
+                | AddWatchFlags::IN_MOVED_FROM
+                | AddWatchFlags::IN_DELETE_SELF
+                | AddWatchFlags::IN_MOVE_SELF
+                | AddWatchFlags::IN_ONLYDIR,
+        )?;
+        Ok(Watch { inotify })
+    }
+
+    /// Hands pending events to `tracker`.
+    pub fn drain(&self, tracker: &mut Tracker) -> Drained {
+        let mut overflow = false;
+        loop {
+            let events = match self.inotify.read_events() {
+                Ok(ev) if !ev.is_empty() => ev,
+                _ if overflow => return Drained::Overflow,
+                _ => return Drained::Done,
+            };
+            let at = boot_ns();
+            for ev in events {
+                if ev.mask.intersects(
+                    AddWatchFlags::IN_IGNORED
+                        | AddWatchFlags::IN_DELETE_SELF
+                        | AddWatchFlags::IN_MOVE_SELF,
+                ) {
+                    return Drained::Lost;
+                }
+                if ev.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+                    overflow = true;
+                    continue;
+                }
+                let Some(name) = ev.name.as_ref().and_then(|n| n.to_str()) else {
+                    continue;
+                };
+                let Some(stem) = stem(name) else { continue };
+                if ev
+                    .mask
+                    .intersects(AddWatchFlags::IN_DELETE | AddWatchFlags::IN_MOVED_FROM)
+                {
+                    tracker.removed(stem, at);
+                } else {
+                    tracker.written(stem);
+                }
+            }
+        }
+    }
+
+    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.inotify.as_fd()
+    }
+}
+
+/// The watcher thread: until `stop`, events as they come, the failed-left pass every
+/// `SWEEP`.
+pub fn run(ledger_dir: &Path, metrics: &Metrics, left_after_secs: u64, stop: &Stop) {
+    let ledger = Ledger::at(ledger_dir);
+    let records = ledger.records_dir();
+    let mut tracker = Tracker::new(ledger, metrics, left_after_secs);
+    let mut watch: Option<Watch> = None;
+    let mut warned = false;
+    // A listing at start only learns: what completed before the agent watched is not
+    // its to count. Any later one (records/ made after the start, a watch re-armed)
+    // also counts.
+    let mut observe = false;
+    let mut next_sweep = Instant::now();
+    loop {
+        if watch.is_none() {
+            match Watch::arm(&records) {
+                Ok(w) => {
+                    // Armed before listing: nothing written in between is missed.
+                    tracker.resync(observe);
+                    observe = true;
+                    crate::debug!(
+                        "agent: watching {} ({} records)",
+                        records.display(),
+                        tracker.len()
+                    );
+                    watch = Some(w);
+                }
+                Err(e) if !warned => {
+                    observe = true;
+                    crate::info!(
+                        "agent: cannot watch {} yet ({e}); chain metrics start once it exists",
+                        records.display()
+                    );
+                    warned = true;
+                }
+                Err(_) => observe = true,
+            }
+        }
+        if Instant::now() >= next_sweep {
+            tracker.sweep(&Now::read());
+            next_sweep = Instant::now() + SWEEP.min(Duration::from_secs(left_after_secs.max(1)));
+        }
+        let wait = next_sweep.saturating_duration_since(Instant::now());
+        let wait = if watch.is_none() {
+            wait.min(REARM)
+        } else {
+            wait
+        };
+        let timeout = PollTimeout::try_from(wait.as_millis().min(60_000) as i32 + 1)
+            .unwrap_or(PollTimeout::MAX);
+        let mut fds = vec![PollFd::new(stop.fd(), PollFlags::POLLIN)];
+        if let Some(w) = &watch {
+            fds.push(PollFd::new(w.as_fd(), PollFlags::POLLIN));
+        }
+        let _ = nix::poll::poll(&mut fds, timeout);
+        if stop.requested() {
+            return;
+        }
+        let event = fds
+            .get(1)
+            .and_then(|f| f.revents())
+            .is_some_and(|r| r.contains(PollFlags::POLLIN));
+        if !event {
+            continue;
+        }
+        let drained = watch.as_ref().map(|w| w.drain(&mut tracker));
+        match drained {
+            Some(Drained::Overflow) => {
+                crate::warn!(
+                    "agent: inotify queue overflow on {}; listing it again",
+                    records.display()
+                );
+                tracker.resync(true);
+            }
+            Some(Drained::Lost) => {
+                crate::warn!(
+                    "agent: {} was removed or moved; watching it again",
+                    records.display()
+                );
+                watch = None;
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    struct Dir(std::path::PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn ledger(name: &str) -> (Dir, Ledger) {
+        let root = std::env::temp_dir().join(format!("chain-watch-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let l = Ledger::open_for_write(&root).unwrap();
+        (Dir(root), l)
+    }
+
+    /// A record as the head writes it, with the chain's fields the spec adds, written
+    /// the ledger's way (checksummed envelope, temp + fsync + rename).
+    fn write(l: &Ledger, cid: &str, add_id: &str, extra: Value) -> String {
+        let mut rec = crate::ledger::record::sample();
+        rec.container_id = cid.into();
+        rec.add_id = add_id.into();
+        rec.boot_id = crate::sandbox::boot_id().unwrap();
+        rec.created_at = crate::time::rfc3339(crate::time::now());
+        let mut v = serde_json::to_value(&rec).unwrap();
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        let body = serde_json::to_string(&v).unwrap();
+        let bytes = format!(
+            "{{\"format\":1,\"sha256\":\"{}\",\"record\":{body}}}\n",
+            crate::ledger::record::sha256_hex(body.as_bytes())
+        );
+        let stem = rec.key().stem();
+        crate::ledger::fsio::write_atomic(
+            &l.records_dir(),
+            &format!("{stem}.json"),
+            bytes.as_bytes(),
+            "record",
+        )
+        .unwrap();
+        stem
+    }
+
+    fn adds(m: &Metrics, result: &str) -> u64 {
+        m.chain_adds.with_label_values(&["net1", result]).get()
+    }
+
+    #[test]
+    fn a_completion_is_observed_once_per_add() {
+        let (_d, l) = ledger("once");
+        let m = Metrics::new();
+        let mut t = Tracker::new(l.clone(), &m, DEFAULT_LEFT_AFTER_SECS);
+        let start = boot_ns().unwrap();
+        let stem = write(
+            &l,
+            "c1",
+            "a1",
+            json!({"tail": true, "createdBootNs": start}),
+        );
+        t.written(&stem);
+        assert_eq!(adds(&m, CHAIN_OK), 0);
+        let done = json!({"tail": true, "createdBootNs": start, "chain": {
+            "completedAt": "2026-12-04T15:00:00Z", "completedBootNs": start + 250_000_000,
+            "addSeconds": 0.25, "result": {"cniVersion": "1.0.0"}}});
+        write(&l, "c1", "a1", done.clone());
+        t.written(&stem);
+        // gc's bookkeeping rewrites the record: not a second ADD.
+        let mut again = done.clone();
+        again["gc"] = json!({"attempts": 1, "failed": false});
+        write(&l, "c1", "a1", again);
+        t.written(&stem);
+        assert_eq!(adds(&m, CHAIN_OK), 1);
+        let h = m.chain_add_duration.with_label_values(&["net1"]);
+        assert_eq!(h.get_sample_count(), 1);
+        assert!((h.get_sample_sum() - 0.25).abs() < 1e-9);
+        // A new ADD of the same key (new addId) is another.
+        write(&l, "c1", "a2", done);
+        t.written(&stem);
+        assert_eq!(adds(&m, CHAIN_OK), 2);
+        // Without addSeconds, from the two stamps.
+        let stem2 = write(
+            &l,
+            "c2",
+            "b1",
+            json!({"tail": true, "createdBootNs": 1_000_000_000u64,
+            "chain": {"completedBootNs": 3_500_000_000u64}}),
+        );
+        t.written(&stem2);
+        assert!((h.get_sample_sum() - 0.5 - 2.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn removed_uncompleted_is_torn_down_with_its_del_time_and_untracked_counts_nothing() {
+        let (_d, l) = ledger("torn");
+        let m = Metrics::new();
+        let mut t = Tracker::new(l.clone(), &m, DEFAULT_LEFT_AFTER_SECS);
+        let began = boot_ns().unwrap();
+        let stem = write(
+            &l,
+            "c1",
+            "a1",
+            json!({"tail": true, "createdBootNs": began,
+            "chain": {"delBeganAt": "2026-12-04T15:00:00Z", "delBeganBootNs": began}}),
+        );
+        t.written(&stem);
+        let plain = write(&l, "c2", "a2", json!({}));
+        t.written(&plain);
+        assert_eq!(t.len(), 2);
+        l.remove(&stem).unwrap();
+        t.removed(&stem, Some(began + 1_500_000_000));
+        l.remove(&plain).unwrap();
+        t.removed(&plain, Some(began + 1));
+        assert_eq!(adds(&m, CHAIN_FAILED_TORN_DOWN), 1);
+        let h = m.chain_del_duration.with_label_values(&["net1"]);
+        assert_eq!(
+            h.get_sample_count(),
+            1,
+            "only the tail's record has a DEL time"
+        );
+        assert!((h.get_sample_sum() - 1.5).abs() < 1e-9);
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn left_behind_is_counted_once_and_not_again_when_its_del_comes() {
+        let (_d, l) = ledger("left");
+        let m = Metrics::new();
+        let mut t = Tracker::new(l.clone(), &m, 60);
+        let now = boot_ns().unwrap();
+        let old = write(
+            &l,
+            "c1",
+            "a1",
+            json!({"tail": true,
+            "createdBootNs": now.saturating_sub(120_000_000_000)}),
+        );
+        let young = write(&l, "c2", "a2", json!({"tail": true, "createdBootNs": now}));
+        let begun = write(
+            &l,
+            "c3",
+            "a3",
+            json!({"tail": true,
+            "createdBootNs": now.saturating_sub(120_000_000_000),
+            "chain": {"delBeganBootNs": now}}),
+        );
+        t.resync(false);
+        assert_eq!(t.len(), 3);
+        t.sweep(&Now::read());
+        t.sweep(&Now::read());
+        assert_eq!(adds(&m, CHAIN_FAILED_LEFT), 1);
+        assert_eq!(m.chain_failed_left.with_label_values(&["net1"]).get(), 1);
+        assert_eq!(
+            crate::metrics::chain::failed_left_by_network(&l, 60).get("net1"),
+            Some(&1)
+        );
+        l.remove(&old).unwrap();
+        t.removed(&old, boot_ns());
+        assert_eq!(
+            adds(&m, CHAIN_FAILED_TORN_DOWN),
+            0,
+            "counted once, as failed-left"
+        );
+        t.sweep(&Now::read());
+        assert!(!m.encode().contains("cni_ledger_chain_failed_left_records{"));
+        let _ = (young, begun);
+    }
+
+    #[test]
+    fn events_drive_it_and_a_resync_makes_up_for_missed_ones() {
+        let (_d, l) = ledger("inotify");
+        let m = Metrics::new();
+        let mut t = Tracker::new(l.clone(), &m, DEFAULT_LEFT_AFTER_SECS);
+        let w = Watch::arm(&l.records_dir()).unwrap();
+        t.resync(false);
+        let start = boot_ns().unwrap();
+        let stem = write(
+            &l,
+            "c1",
+            "a1",
+            json!({"tail": true, "createdBootNs": start,
+            "chain": {"completedBootNs": start + 10_000_000, "addSeconds": 0.01,
+                "delBeganBootNs": start + 20_000_000}}),
+        );
+        let pending = write(
+            &l,
+            "c2",
+            "a2",
+            json!({"tail": true, "createdBootNs": start}),
+        );
+        let drain = |t: &mut Tracker| {
+            let mut fds = [PollFd::new(w.as_fd(), PollFlags::POLLIN)];
+            let _ = nix::poll::poll(&mut fds, PollTimeout::from(1000u16));
+            assert_eq!(w.drain(t), Drained::Done);
+        };
+        drain(&mut t);
+        assert_eq!(adds(&m, CHAIN_OK), 1);
+        l.remove(&stem).unwrap();
+        l.remove(&pending).unwrap();
+        drain(&mut t);
+        assert_eq!(adds(&m, CHAIN_FAILED_TORN_DOWN), 1);
+        assert_eq!(
+            m.chain_del_duration
+                .with_label_values(&["net1"])
+                .get_sample_count(),
+            1
+        );
+        assert!(t.is_empty());
+        // Events lost: a record completed and one removed meanwhile.
+        let gone = write(
+            &l,
+            "c3",
+            "a3",
+            json!({"tail": true, "createdBootNs": start}),
+        );
+        t.written(&gone);
+        l.remove(&gone).unwrap();
+        write(
+            &l,
+            "c4",
+            "a4",
+            json!({"tail": true, "chain": {"completedBootNs": 5, "addSeconds": 2.0}}),
+        );
+        t.resync(true);
+        assert_eq!(adds(&m, CHAIN_OK), 2);
+        assert_eq!(adds(&m, CHAIN_FAILED_TORN_DOWN), 2);
+    }
+}
