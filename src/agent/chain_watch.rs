@@ -133,7 +133,7 @@ impl<'a> Tracker<'a> {
             return;
         };
         let v = &k.view;
-        if v.tail != Some(true) {
+        if !v.tail {
             return;
         }
         let net = [v.network.as_str()];
@@ -527,7 +527,8 @@ mod tests {
         let mut t = Tracker::new(l.clone(), &m, DEFAULT_LEFT_AFTER_SECS);
         let w = Watch::arm(&l.records_dir()).unwrap();
         t.resync(false);
-        let start = boot_ns().unwrap();
+        // Stamps in the past: a DEL's duration is measured up to its removal's event.
+        let start = boot_ns().unwrap() - 30_000_000;
         let stem = write(
             &l,
             "c1",
