@@ -2,6 +2,7 @@
 //! record before any other plugin runs, the tail completes it once every plugin's ADD
 //! has succeeded and notes when a DEL begins. From those fields a record's state.
 
+use crate::ledger::record::ChainNote;
 use crate::ledger::Record;
 use serde_json::Value;
 
@@ -47,19 +48,35 @@ impl State {
 /// Classifies `rec` in the boot `boot_id` at wall-clock `now`: a record older than
 /// `left_after_secs` that a tail never completed and no DEL touched is failed-left.
 pub fn state(rec: &Record, boot_id: &str, now: i64, left_after_secs: u64) -> State {
-    let note = rec.chain.as_ref();
+    classify(
+        rec.tail,
+        rec.chain.as_ref(),
+        rec.age_secs(boot_id, now),
+        left_after_secs,
+    )
+}
+
+/// The rule behind `state`, for callers that keep only a record's chain fields (the
+/// agent's watcher): `tail` as the head wrote it, the tail's notes, the record's age in
+/// seconds when known.
+pub fn classify(
+    tail: bool,
+    note: Option<&ChainNote>,
+    age_secs: Option<i64>,
+    left_after_secs: u64,
+) -> State {
     if let Some(n) = note.filter(|n| n.completed_boot_ns.is_some() || n.completed_at.is_some()) {
         return State::Completed {
             add_seconds: n.add_seconds,
         };
     }
-    if !rec.tail {
+    if !tail {
         return State::Untracked;
     }
     if note.is_some_and(|n| n.del_began_boot_ns.is_some() || n.del_began_at.is_some()) {
         return State::TearingDown;
     }
-    match rec.age_secs(boot_id, now) {
+    match age_secs {
         Some(age) if age >= 0 && age.unsigned_abs() >= left_after_secs => State::FailedLeft,
         // Unknown or young: still possibly running; staleness errs towards live.
         _ => State::Pending,

@@ -1,82 +1,54 @@
 //! What the chain's metrics read of a record (the chain's spec): `tail`, `createdBootNs`
-//! and the tail's `chain` notes, decoded from the record's JSON whatever else it holds,
+//! and the tail's `chain` notes, decoded by the ledger's own decoder,
 //! and the failed-left classification `gc --metrics-file` and the agent's watcher share.
 
+use crate::chain::State;
+use crate::ledger::record::{self, ChainNote, Decoded, Record};
 use crate::ledger::Ledger;
-use serde::Deserialize;
-use serde_json::value::RawValue;
 use std::collections::BTreeMap;
 
 pub use crate::chain::DEFAULT_LEFT_AFTER_SECS;
 const RECORD_EXT: &str = ".json";
 const MAX_RECORD: u64 = 4 << 20;
 
-/// The fields of a record the chain's metrics need (the chain's spec), read from the
-/// record's JSON whatever else it holds.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
+/// The fields of a record the chain's metrics need (the chain's spec): what the watcher
+/// keeps per record, without the chain's result.
+#[derive(Debug, Clone)]
 pub struct View {
     pub network: String,
     pub add_id: String,
     pub boot_id: String,
     pub created_at: String,
-    #[serde(default)]
     pub created_boot_ns: Option<u64>,
-    #[serde(default)]
-    pub tail: Option<bool>,
-    #[serde(default)]
-    pub chain: Option<ChainView>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ChainView {
-    #[serde(default)]
-    pub completed_at: Option<String>,
-    #[serde(default)]
-    pub completed_boot_ns: Option<u64>,
-    #[serde(default)]
-    pub add_seconds: Option<f64>,
-    #[serde(default)]
-    pub del_began_at: Option<String>,
-    #[serde(default)]
-    pub del_began_boot_ns: Option<u64>,
-}
-
-#[derive(Deserialize)]
-struct Envelope<'a> {
-    format: u32,
-    sha256: String,
-    #[serde(borrow)]
-    record: &'a RawValue,
+    pub tail: bool,
+    pub chain: Option<ChainNote>,
 }
 
 /// A record file's view; None for anything that is not an intact record of a format
 /// this binary knows (gc and `list` deal with those).
 pub fn view(bytes: &[u8]) -> Option<View> {
-    let env: Envelope = serde_json::from_slice(bytes).ok()?;
-    let body = env.record.get();
-    if env.format > crate::ledger::record::FORMAT
-        || crate::ledger::record::sha256_hex(body.as_bytes()) != env.sha256
-    {
-        return None;
+    match record::decode(bytes) {
+        Decoded::Ok(r) => Some(View::of(*r)),
+        _ => None,
     }
-    serde_json::from_str(body).ok()
 }
 
 impl View {
-    /// Completed by the tail (either of its stamps: one may be missing when the boot
-    /// clock could not be read).
-    pub fn completed(&self) -> bool {
-        self.chain
-            .as_ref()
-            .is_some_and(|c| c.completed_boot_ns.is_some() || c.completed_at.is_some())
+    fn of(r: Record) -> View {
+        View {
+            network: r.network,
+            add_id: r.add_id,
+            boot_id: r.boot_id,
+            created_at: r.created_at,
+            created_boot_ns: r.created_boot_ns,
+            tail: r.tail,
+            chain: r.chain.map(|c| ChainNote { result: None, ..c }),
+        }
     }
 
-    fn del_began(&self) -> bool {
-        self.chain
-            .as_ref()
-            .is_some_and(|c| c.del_began_boot_ns.is_some() || c.del_began_at.is_some())
+    /// Completed by the tail.
+    pub fn completed(&self) -> bool {
+        matches!(self.state(None, 0), State::Completed { .. })
     }
 
     pub fn del_began_boot_ns(&self) -> Option<u64> {
@@ -86,30 +58,28 @@ impl View {
     /// The chain's ADD time: the tail's own figure, else from the two boot-clock stamps.
     pub fn add_seconds(&self) -> Option<f64> {
         let c = self.chain.as_ref()?;
-        c.add_seconds.or_else(|| {
-            let ns = c.completed_boot_ns?.checked_sub(self.created_boot_ns?)?;
-            Some(ns as f64 / 1e9)
-        })
+        c.add_seconds
+            .or_else(|| crate::chain::add_seconds(self.created_boot_ns, c.completed_boot_ns?))
     }
 
     /// Age in seconds: on the boot clock within the boot that made it, else the wall clock.
-    fn age_secs(&self, now: &Now) -> Option<f64> {
+    fn age_secs(&self, now: &Now) -> Option<i64> {
         match (self.created_boot_ns, now.boot_ns) {
             (Some(then), Some(up)) if self.boot_id == now.boot_id => {
-                Some(up.saturating_sub(then) as f64 / 1e9)
+                i64::try_from(up.saturating_sub(then) / 1_000_000_000).ok()
             }
-            _ => crate::time::parse_rfc3339(&self.created_at).map(|t| (now.unix - t) as f64),
+            _ => crate::time::parse_rfc3339(&self.created_at).map(|t| now.unix - t),
         }
+    }
+
+    /// The record's chain state, by the rule `list` uses (`chain::classify`).
+    fn state(&self, age_secs: Option<i64>, left_after_secs: u64) -> State {
+        crate::chain::classify(self.tail, self.chain.as_ref(), age_secs, left_after_secs)
     }
 
     /// A chain with a tail whose ADD never completed, no DEL begun, older than `left_after`.
     pub fn failed_left(&self, now: &Now, left_after_secs: u64) -> bool {
-        self.tail == Some(true)
-            && !self.completed()
-            && !self.del_began()
-            && self
-                .age_secs(now)
-                .is_some_and(|age| age >= left_after_secs as f64)
+        self.state(self.age_secs(now), left_after_secs) == State::FailedLeft
     }
 }
 
@@ -132,10 +102,7 @@ impl Now {
 
 /// CLOCK_BOOTTIME in nanoseconds: the clock the chain's stamps are on.
 pub fn boot_ns() -> Option<u64> {
-    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).ok()?;
-    let secs = u64::try_from(t.tv_sec()).ok()?;
-    let nanos = u64::try_from(t.tv_nsec()).ok()?;
-    secs.checked_mul(1_000_000_000)?.checked_add(nanos)
+    crate::time::since_boot_ns()
 }
 
 /// Records failed-left now, by network, from one scan of the ledger: what `gc
@@ -184,11 +151,13 @@ mod tests {
     fn a_damaged_or_newer_file_is_no_record() {
         assert!(view(b"{}").is_none());
         assert!(view(br#"{"format":1,"sha256":"00","record":{"network":"n"}}"#).is_none());
-        let body = r#"{"network":"n","addId":"a","bootId":"b","createdAt":"x","tail":true}"#;
-        let sha = crate::ledger::record::sha256_hex(body.as_bytes());
-        let ok = format!(r#"{{"format":1,"sha256":"{sha}","record":{body}}}"#);
-        assert_eq!(view(ok.as_bytes()).unwrap().tail, Some(true));
-        let newer = format!(r#"{{"format":9,"sha256":"{sha}","record":{body}}}"#);
+        let mut rec = record::sample();
+        rec.tail = true;
+        let bytes = record::encode(&rec);
+        assert!(view(&bytes).unwrap().tail);
+        let newer = String::from_utf8(bytes)
+            .unwrap()
+            .replacen(r#""format":1"#, r#""format":9"#, 1);
         assert!(view(newer.as_bytes()).is_none());
     }
 }
