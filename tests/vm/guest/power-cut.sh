@@ -2,7 +2,8 @@
 # with fd 3 = the ack port, /mnt/out = the host's writable share).
 #
 # Installs cni-ledger with install.sh, starts a podman container with a port mapping
-# on a ledger chain, adds one attachment whose DEL hangs, saves the firewall the way
+# on a ledger chain and another on a network the ledger is not in yet, adds one
+# attachment whose DEL hangs, saves the firewall the way
 # a node with iptables-persistent does, and reports READY. Then it runs ADDs in a
 # loop, acknowledging each one to the host only after the plugin succeeded, each
 # followed by a control copy of the same record written without fsync. The host
@@ -11,6 +12,9 @@ set -eux
 
 out=/mnt/out
 # The network the container uses. install.sh --inject puts the ledger first.
+# host-local keeps its leases under its own dataDir: podman's tmpfiles.d rule
+# ("D! /var/lib/cni/networks") empties the default one at every boot, so a lease
+# there would be gone after the reboot whatever gc did.
 mkdir -p /etc/cni/net.d /etc/containers
 cat >/etc/cni/net.d/50-ledgernet.conflist <<'JSON'
 {
@@ -18,7 +22,8 @@ cat >/etc/cni/net.d/50-ledgernet.conflist <<'JSON'
   "name": "ledgernet",
   "plugins": [
     { "type": "bridge", "bridge": "ledger0", "isGateway": true,
-      "ipam": { "type": "host-local", "ranges": [[{ "subnet": "198.18.77.0/24" }]],
+      "ipam": { "type": "host-local", "dataDir": "/var/lib/vm-ipam",
+                "ranges": [[{ "subnet": "198.18.77.0/24" }]],
                 "routes": [{ "dst": "0.0.0.0/0" }] } },
     { "type": "portmap", "capabilities": { "portMappings": true } }
   ]
@@ -52,16 +57,44 @@ podman run -d --name vmweb --network ledgernet -p 8080:80 --rootfs "$rootfs" \
 	/bin/busybox sleep 1000000
 podman inspect -f '{{.Id}}' vmweb >"$out/cid"
 
+# A network the ledger is not in yet (made after install.sh injected the others) and a
+# podman container with a port mapping on it: an attachment only libcni's cache knows.
+# The next boot re-runs install.sh --inject, which injects this network and adopts it.
+cat >/etc/cni/net.d/55-adoptnet.conflist <<'JSON'
+{
+  "cniVersion": "1.0.0",
+  "name": "adoptnet",
+  "plugins": [
+    { "type": "bridge", "bridge": "adopt0", "isGateway": true,
+      "ipam": { "type": "host-local", "dataDir": "/var/lib/vm-ipam",
+                "ranges": [[{ "subnet": "198.18.78.0/24" }]],
+                "routes": [{ "dst": "0.0.0.0/0" }] } },
+    { "type": "portmap", "capabilities": { "portMappings": true } }
+  ]
+}
+JSON
+podman run -d --name vmearly --network adoptnet -p 8081:80 --rootfs "$rootfs" \
+	/bin/busybox sleep 1000000
+podman inspect -f '{{.Id}}' vmearly >"$out/early-cid"
+ls /var/lib/cni/results >"$out/before-cache.txt"
+ls /var/lib/vm-ipam/adoptnet >"$out/before-adopt-ips.txt"
+
 # An attachment whose chain holds three plugins that hang on DEL: gc's boot run
 # hangs in each for up to gc's per-plugin timeout (60 s), long enough for any boot
-# of this guest to finish meanwhile.
+# of this guest to finish meanwhile. Once /var/lib/vm-hang.released exists (the next
+# boot makes it, after its checks) its DEL succeeds, as a network daemon's DEL does
+# once the daemon is up.
 cat >/opt/cni/bin/vm-hang <<'SH'
 #!/bin/sh
 # vm-hang: a CNI plugin whose DEL hangs (the VM test's stand-in for a network
 # pod that is not ready). It writes its PID so the test can end it.
 case ${CNI_COMMAND:-} in
 VERSION) echo '{"cniVersion":"1.0.0","supportedVersions":["0.3.0","0.3.1","0.4.0","1.0.0"]}' ;;
-DEL) echo $$ >/run/vm-hang.pid; exec sleep 3600 ;;
+DEL)
+	[ ! -e /var/lib/vm-hang.released ] || exit 0
+	echo $$ >/run/vm-hang.pid
+	exec sleep 3600
+	;;
 *) echo '{"cniVersion":"1.0.0"}' ;;
 esac
 SH
@@ -78,7 +111,7 @@ echo '{"cniVersion":"1.0.0","name":"hangnet","type":"cni-ledger"}' |
 
 # The node's state before the cut, for the host to compare with the state after.
 "$L" list --json >"$out/before-list.json"
-ls /var/lib/cni/networks/ledgernet >"$out/before-ips.txt"
+ls /var/lib/vm-ipam/ledgernet >"$out/before-ips.txt"
 iptables-save -t nat >"$out/before-nat.txt"
 # What a node with iptables-persistent does: the rules come back at boot.
 iptables-save >/etc/iptables/rules.v4
