@@ -328,7 +328,7 @@ fn kv(text: &str, key: &str) -> String {
 
 #[test]
 fn power_cut_and_reboot_in_a_vm() {
-    common::require_root();
+    common::require_root!();
     let image = guest_image();
     let bin = static_release_binary();
 
