@@ -188,10 +188,15 @@ fn with_env(tmp: &TempDir, env: &str) -> PathBuf {
 }
 
 #[test]
-fn healthz_fails_naming_the_thread_once_gc_or_the_watcher_has_died() {
+fn healthz_fails_naming_the_thread_once_gc_or_a_watcher_has_died() {
     require_root!();
-    // The watcher also comes round on its own writes, so it dies a few loops later.
-    for (thread, nth, other) in [("gc", 2, "watch"), ("watch", 5, "gc")] {
+    // The watcher also comes round on its own writes, so it dies a few loops later; the
+    // chain watcher comes round at each failed-left pass (every 2 s below).
+    for (thread, nth, other) in [
+        ("gc", 2, "watch"),
+        ("watch", 5, "gc"),
+        ("chain-watch", 2, "watch"),
+    ] {
         let tmp = TempDir::new("agdead");
         let (mut args, _) = setup(&tmp);
         let probe_port = free_port();
@@ -204,6 +209,8 @@ fn healthz_fails_naming_the_thread_once_gc_or_the_watcher_has_died() {
             "2".into(),
             "--resync".into(),
             "1".into(),
+            "--chain-left-after".into(),
+            "2".into(),
         ]);
         let bin = with_env(
             &tmp,

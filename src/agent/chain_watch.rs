@@ -19,7 +19,7 @@
 //! made up by listing the directory again: records completed meanwhile are observed
 //! then, removals found then are counted without a DEL duration.
 
-use super::Stop;
+use super::{Liveness, Stop};
 use crate::ledger::Ledger;
 use crate::metrics::chain::{boot_ns, list, read_view, stem, Now, View};
 use crate::metrics::{Metrics, CHAIN_FAILED_LEFT, CHAIN_FAILED_TORN_DOWN, CHAIN_OK};
@@ -265,7 +265,13 @@ impl Watch {
 
 /// The watcher thread: until `stop`, events as they come, the failed-left pass every
 /// `SWEEP`.
-pub fn run(ledger_dir: &Path, metrics: &Metrics, left_after_secs: u64, stop: &Stop) {
+pub fn run(
+    ledger_dir: &Path,
+    metrics: &Metrics,
+    left_after_secs: u64,
+    stop: &Stop,
+    liveness: &Liveness,
+) {
     let ledger = Ledger::at(ledger_dir);
     let records = ledger.records_dir();
     let mut tracker = Tracker::new(ledger, metrics, left_after_secs);
@@ -277,6 +283,7 @@ pub fn run(ledger_dir: &Path, metrics: &Metrics, left_after_secs: u64, stop: &St
     let mut observe = false;
     let mut next_sweep = Instant::now();
     loop {
+        liveness.beat(&liveness.chain);
         if watch.is_none() {
             match Watch::arm(&records) {
                 Ok(w) => {

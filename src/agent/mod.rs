@@ -97,6 +97,8 @@ pub struct Liveness {
     start: Instant,
     pub watch: Heartbeat,
     pub gc: Heartbeat,
+    /// The chain watcher: its metrics stop silently if it ends, so it is judged too.
+    pub chain: Heartbeat,
 }
 
 impl Default for Liveness {
@@ -105,6 +107,7 @@ impl Default for Liveness {
             start: Instant::now(),
             watch: Heartbeat::new("watch"),
             gc: Heartbeat::new("gc"),
+            chain: Heartbeat::new("chain-watch"),
         }
     }
 }
@@ -115,7 +118,7 @@ impl Liveness {
         let now = self.start.elapsed();
         let mut ok = true;
         let mut body = String::new();
-        for t in [&self.watch, &self.gc] {
+        for t in [&self.watch, &self.gc, &self.chain] {
             let line = match t.state.load(Ordering::SeqCst) {
                 RUNNING => match t.last_progress() {
                     None => format!("ok {} thread running, no loop completed yet", t.name),
@@ -402,11 +405,13 @@ pub fn run(mut opts: Options) -> Result<i32> {
         std::thread::Builder::new()
             .name("chain-watch".into())
             .spawn(move || {
+                let _running = shared.liveness.chain.running();
                 chain_watch::run(
                     &opts.gc.ledger_dir,
                     &shared.metrics,
                     opts.gc.chain_left_after_secs,
                     &stop,
+                    &shared.liveness,
                 )
             })
             .context("starting the chain watcher")?
@@ -431,6 +436,7 @@ mod tests {
         let l = Liveness::default();
         {
             let _watch = l.watch.running();
+            let _chain = l.chain.running();
             let gc = l.gc.running();
             let (ok, body) = l.report();
             assert!(ok, "{body}");
