@@ -320,3 +320,44 @@ fn every_alert_is_tested_firing_and_silent() {
     }
     assert!(tests.contains("- cni-ledger-rules.yaml"));
 }
+
+/// The operator's guide lists every family the code exports, and nothing else.
+#[test]
+fn the_operators_metric_table_is_the_registry() {
+    let guide = read("docs/OPERATING.md");
+    let table: BTreeSet<String> = guide
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `cni_ledger_"))
+        .filter_map(|rest| rest.split('`').next())
+        .map(|name| format!("cni_ledger_{name}"))
+        .collect();
+    // A histogram's family is the name its three series (`_bucket`, `_sum`, `_count`) share.
+    let exported = exported();
+    let families: BTreeSet<String> = exported
+        .iter()
+        .map(|name| {
+            name.strip_suffix("_bucket")
+                .filter(|f| exported.contains(&format!("{f}_sum")))
+                .or_else(|| {
+                    ["_sum", "_count"].iter().find_map(|s| {
+                        name.strip_suffix(s)
+                            .filter(|f| exported.contains(&format!("{f}_bucket")))
+                    })
+                })
+                .unwrap_or(name)
+                .to_string()
+        })
+        .collect();
+    for name in &table {
+        assert!(
+            families.contains(name),
+            "docs/OPERATING.md lists {name}, which no code exports"
+        );
+    }
+    for family in &families {
+        assert!(
+            table.contains(family),
+            "{family} is exported but missing from docs/OPERATING.md's metric table"
+        );
+    }
+}
