@@ -30,22 +30,6 @@ fn agent_args(f: &Fixture, bin_dir: &Path, extra: &[&str]) -> Vec<String> {
     v
 }
 
-/// The agent's directories, and no CRI runtime: one this machine may run is not the test's.
-fn dir_args(bin: &Path, conf: &Path, ledger: &Path, cache: &Path) -> Vec<String> {
-    let mut v = Vec::new();
-    for (flag, dir) in [
-        ("--cni-bin-dir", bin),
-        ("--conf-dir", conf),
-        ("--ledger-dir", ledger),
-        ("--cni-cache-dir", cache),
-    ] {
-        v.push(flag.to_string());
-        v.push(dir.display().to_string());
-    }
-    v.extend(["--cri-endpoint".to_string(), "none".to_string()]);
-    v
-}
-
 #[test]
 fn agent_keeps_the_ledger_first_through_rewrites_and_an_add_after_is_recorded() {
     require_root!();

@@ -39,17 +39,12 @@ fn setup(tmp: &TempDir) -> (Vec<String>, PathBuf) {
     let file = conf.join("10-n.conflist");
     let plain = json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "bridge", "bridge": "clpb0"}]});
     fs::write(&file, serde_json::to_vec_pretty(&plain).unwrap()).unwrap();
-    let mut args = Vec::new();
-    for (flag, dir) in [
-        ("--cni-bin-dir", bin),
-        ("--conf-dir", conf),
-        ("--ledger-dir", tmp.path().join("ledger")),
-        ("--cni-cache-dir", tmp.path().join("cache")),
-    ] {
-        args.push(flag.to_string());
-        args.push(dir.display().to_string());
-    }
-    args.extend(["--cri-endpoint".to_string(), "none".to_string()]);
+    let args = dir_args(
+        &bin,
+        &conf,
+        &tmp.path().join("ledger"),
+        &tmp.path().join("cache"),
+    );
     (args, file)
 }
 

@@ -25,17 +25,8 @@ const ROUNDS: u64 = 200;
 /// The agent's directories, a short resync, and no CRI runtime (one this machine may
 /// run is not the test's).
 fn agent_args(f: &Fixture, bin: &Path) -> Vec<String> {
-    let mut v = Vec::new();
-    for (flag, dir) in [
-        ("--cni-bin-dir", bin),
-        ("--conf-dir", &f.conf_dir),
-        ("--ledger-dir", &f.ledger_dir),
-        ("--cni-cache-dir", &f.cache_dir),
-    ] {
-        v.push(flag.to_string());
-        v.push(dir.display().to_string());
-    }
-    v.extend(["--cri-endpoint", "none", "--resync", "1"].map(String::from));
+    let mut v = dir_args(bin, &f.conf_dir, &f.ledger_dir, &f.cache_dir);
+    v.extend(["--resync", "1"].map(String::from));
     v
 }
 

@@ -29,18 +29,9 @@ fn preinstalled_bin(f: &Fixture) -> PathBuf {
 }
 
 fn agent_args(f: &Fixture, bin: &Path) -> Vec<String> {
-    let mut v = Vec::new();
-    for (flag, dir) in [
-        ("--cni-bin-dir", bin),
-        ("--conf-dir", &f.conf_dir),
-        ("--ledger-dir", &f.ledger_dir),
-        ("--cni-cache-dir", &f.cache_dir),
-    ] {
-        v.push(flag.to_string());
-        v.push(dir.display().to_string());
-    }
-    // No CRI runtime (one this machine may run is not the test's); gc every second.
-    v.extend(["--cri-endpoint", "none", "--gc-interval", "1"].map(String::from));
+    let mut v = dir_args(bin, &f.conf_dir, &f.ledger_dir, &f.cache_dir);
+    // gc every second.
+    v.extend(["--gc-interval", "1"].map(String::from));
     v
 }
 

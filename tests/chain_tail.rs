@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use agent_common::{ledger_first, types_in, wait_for, Agent};
+use agent_common::{dir_args, ledger_first, types_in, wait_for, Agent};
 use common::*;
 use serde_json::{json, Value};
 
@@ -433,17 +433,7 @@ fn agent_args(f: &Fixture, extra: &[&str]) -> Vec<String> {
     if !bin.join("cni-ledger").exists() {
         fs::copy(ledger_bin(), bin.join("cni-ledger")).unwrap();
     }
-    let mut v = Vec::new();
-    for (flag, dir) in [
-        ("--cni-bin-dir", &bin),
-        ("--conf-dir", &f.conf_dir),
-        ("--ledger-dir", &f.ledger_dir),
-        ("--cni-cache-dir", &f.cache_dir),
-    ] {
-        v.push(flag.to_string());
-        v.push(dir.display().to_string());
-    }
-    v.extend(["--cri-endpoint", "none"].map(String::from));
+    let mut v = dir_args(&bin, &f.conf_dir, &f.ledger_dir, &f.cache_dir);
     v.extend(extra.iter().map(|s| s.to_string()));
     v
 }

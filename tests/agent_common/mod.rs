@@ -266,3 +266,19 @@ pub fn preinstalled_bin(f: &Fixture) -> PathBuf {
     fs::copy(ledger_bin(), dir.join("cni-ledger")).unwrap();
     dir
 }
+
+/// The agent's directories, and no CRI runtime: one this machine may run is not the test's.
+pub fn dir_args(bin: &Path, conf: &Path, ledger: &Path, cache: &Path) -> Vec<String> {
+    let mut v = Vec::new();
+    for (flag, dir) in [
+        ("--cni-bin-dir", bin),
+        ("--conf-dir", conf),
+        ("--ledger-dir", ledger),
+        ("--cni-cache-dir", cache),
+    ] {
+        v.push(flag.to_string());
+        v.push(dir.display().to_string());
+    }
+    v.extend(["--cri-endpoint".to_string(), "none".to_string()]);
+    v
+}
