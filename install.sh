@@ -173,13 +173,14 @@ else
 	command -v cargo >/dev/null 2>&1 ||
 		die "cargo not found (searched PATH, \$HOME/.cargo/bin and /root/.cargo/bin); install Rust >= 1.89, e.g. from https://rustup.rs, then re-run $prog"
 
-	# One static binary (docs/DESIGN.md §2): nothing for the dynamic loader to do on every pod's
-	# ADD, which measurably shortens the plugin's exec (docs/EVIDENCE.md, Performance). An explicit
-	# --target keeps the static flag off build scripts and proc macros.
+	# One static binary (docs/DESIGN.md §2), and not position-independent: nothing for the
+	# dynamic loader and no relocations to apply on every pod's ADD, which measurably shortens
+	# the plugin's exec (docs/EVIDENCE.md, Performance). An explicit --target keeps these flags
+	# off build scripts and proc macros.
 	host=$(rustc -vV 2>/dev/null | sed -n 's/^host: //p')
 	[ -n "$host" ] || die "cannot tell rustc's host target (rustc -vV)"
 	info "building: cargo build --release --locked --target $host, statically linked (in $src_dir)"
-	(cd "$src_dir" && RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+	(cd "$src_dir" && RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static -C relocation-model=static" \
 		cargo build --release --locked --target "$host") ||
 		die "cargo build failed (see above); nothing was installed"
 
@@ -200,7 +201,7 @@ fi
 docs_dir=
 if [ -z "$prebuilt" ]; then
 	info "generating the man pages and shell completions"
-	(cd "$src_dir" && RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+	(cd "$src_dir" && RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static -C relocation-model=static" \
 		cargo build --release --locked --target "$host" --features gen-docs --bin cni-ledger-gen-docs) ||
 		die "building cni-ledger-gen-docs failed (see above); nothing was installed"
 	docs_dir=$(mktemp -d)

@@ -29,7 +29,7 @@ trap cleanup EXIT
 
 if [ -z "${LEDGER:-}" ]; then
 	host=$(rustc -vV | sed -n 's/^host: //p')
-	(cd "$repo" && RUSTFLAGS="-C target-feature=+crt-static" \
+	(cd "$repo" && RUSTFLAGS="-C target-feature=+crt-static -C relocation-model=static" \
 		cargo build --release --locked --target "$host" --bin cni-ledger >&2)
 	LEDGER=$repo/target/$host/release/cni-ledger
 fi

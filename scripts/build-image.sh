@@ -22,7 +22,7 @@ esac
 # Static, for the host target: --target keeps the static flag off build scripts and
 # proc macros. A scratch image has no dynamic loader and no libc.
 echo "build-image: cargo build --profile $profile --target $host (static)" >&2
-RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static -C relocation-model=static" \
 	cargo build --locked --quiet --profile "$profile" --target "$host" --bin cni-ledger
 bin=${CARGO_TARGET_DIR:-target}/$host/$out/cni-ledger
 ! command -v file >/dev/null || file -b "$bin" | grep -q 'static' || {

@@ -162,7 +162,7 @@ fn static_release_binary() -> PathBuf {
         .expect("rustc -vV names the host target");
     let target_dir = Path::new(REPO).join("target/static-test");
     let flags = format!(
-        "{} -C target-feature=+crt-static",
+        "{} -C target-feature=+crt-static -C relocation-model=static",
         std::env::var("RUSTFLAGS").unwrap_or_default()
     );
     let status = Command::new(cargo)

@@ -30,11 +30,11 @@ target_dir=$(cargo metadata --format-version 1 --no-deps --locked |
 
 # The same static build as install.sh (see there for why static); an explicit --target
 # keeps the static flag off build scripts and proc macros.
-RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static -C relocation-model=static" \
 	cargo build --release --locked --target "$host" --bin cni-ledger >&2
 # The generator is a separate binary, so the plugin binary does not carry clap_mangen.
 # Same target and flags as above: the dependencies built for the plugin are reused.
-RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static -C relocation-model=static" \
 	cargo build --release --locked --target "$host" --features gen-docs \
 	--bin cni-ledger-gen-docs >&2
 
