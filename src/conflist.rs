@@ -60,14 +60,33 @@ fn files_with(dir: &Path, exts: &[&str]) -> Result<Vec<PathBuf>> {
         Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
     };
     for item in rd {
-        let path = item?.path();
+        let item = item?;
+        let path = item.path();
         let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
-        if exts.contains(&ext) && path.is_file() {
+        if !exts.contains(&ext) {
+            continue;
+        }
+        // The directory entry's type costs no system call; only a symlink (which libcni
+        // follows) or a file system that gives no type needs a stat.
+        let is_file = match item.file_type() {
+            Ok(t) if t.is_file() => true,
+            Ok(t) if t.is_dir() => false,
+            _ => path.is_file(),
+        };
+        if is_file {
             out.push(path);
         }
     }
     out.sort();
     Ok(out)
+}
+
+/// A file's bytes, read into a buffer a conflist fits (no growing reads).
+fn read_whole(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::with_capacity(4096);
+    std::fs::File::open(path)?.read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 /// Parses a document as a conflist: an object with a `name` and a `plugins` array.
@@ -84,7 +103,7 @@ pub fn find(dir: &Path, name: &str) -> Result<Option<Found>> {
     let mut files = files_with(dir, &["conflist", "conf", "json"])?;
     files.sort_by_key(|p| p.extension().is_none_or(|e| e != "conflist"));
     for path in files {
-        let Ok(bytes) = std::fs::read(&path) else {
+        let Ok(bytes) = read_whole(&path) else {
             continue;
         };
         let is_conflist = path.extension().is_some_and(|e| e == "conflist");

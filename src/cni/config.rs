@@ -133,13 +133,30 @@ pub struct NetConf {
     pub gc_budget_secs: u64,
     /// `returnDevices`: None when off, and then DEL does no device work at all.
     pub return_devices: Option<crate::devices::Spec>,
-    /// The whole stdin document, for commands (GC) that read more keys.
-    pub raw: Value,
+    /// The whole stdin document, for commands (GC) that read more keys; decoded by them.
+    pub stdin: Vec<u8>,
 }
 
 /// Decodes stdin into the ledger's configuration. The order of checks follows skel:
 /// undecodable JSON is 6, a missing or invalid network name 7.
 pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
+    // Decoded straight into `Raw`: no tree of the whole document on every ADD. Anything
+    // that path refuses (not an object, bad JSON, a wrong type, a key given twice) goes
+    // the way of the tree, whose answer (accepted or which error) is the reference.
+    let starts_object = stdin.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+    let raw = match starts_object {
+        true => serde_json::from_slice::<Raw>(stdin).ok(),
+        false => None,
+    };
+    let raw = match raw {
+        Some(raw) => raw,
+        None => parse_tree(stdin)?,
+    };
+    build(raw, stdin)
+}
+
+/// Decodes by way of a JSON tree, in skel's order of checks.
+fn parse_tree(stdin: &[u8]) -> Result<Raw, CniError> {
     let value: Value = serde_json::from_slice(stdin).map_err(|e| {
         CniError::new(
             error::DECODING_FAILURE,
@@ -154,13 +171,16 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
             "",
         ));
     }
-    let raw: Raw = Raw::deserialize(&value).map_err(|e| {
+    Raw::deserialize(&value).map_err(|e| {
         CniError::new(
             error::INVALID_NETWORK_CONFIG,
             "invalid cni-ledger configuration",
             e.to_string(),
         )
-    })?;
+    })
+}
+
+fn build(raw: Raw, stdin: &[u8]) -> Result<NetConf, CniError> {
     let name = raw.name.unwrap_or_default();
     super::env::validate_network_name(&name)?;
     let capabilities = raw
@@ -206,13 +226,47 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
         gc_grace_secs: raw.gc_grace_secs,
         gc_budget_secs,
         return_devices,
-        raw: value,
+        stdin: stdin.to_vec(),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The direct decoding gives what the tree gives: the same configuration, or the
+    /// same error, for documents each path could judge differently on its own.
+    #[test]
+    fn direct_decoding_agrees_with_the_tree() {
+        let docs: &[&[u8]] = &[
+            br#"{"cniVersion":"1.0.0","name":"n","type":"cni-ledger","ledgerDir":"/l","capabilities":{"portMappings":true},"runtimeConfig":{"portMappings":[{"hostPort":1}]},"prevResult":{"ips":[]},"cni.dev/valid-attachments":[]}"#,
+            br#"  {"name":"n","name":"m"}"#,
+            br#"{"name":"n","logLevel":5}"#,
+            br#"{"name":"n","logLevel":5,"#,
+            br#"{"name":"n"} x"#,
+            br#"["n"]"#,
+            br#"null"#,
+            b"",
+            br#"{"name":"n","lockTimeoutMs":1.5}"#,
+            br#"{"name":"n","capabilities":null}"#,
+            br#"{"name":"n","prevResult":null,"role":"tail"}"#,
+            br#"{"name":"n","gcBudgetSecs":0}"#,
+            br#"{"name":"bad name"}"#,
+        ];
+        for doc in docs {
+            let tree = parse_tree(doc).and_then(|raw| build(raw, doc));
+            let render = |r: &Result<NetConf, CniError>| match r {
+                Ok(c) => format!("{c:?}"),
+                Err(e) => format!("{} {} {}", e.code, e.msg, e.details),
+            };
+            assert_eq!(
+                render(&parse(doc)),
+                render(&tree),
+                "{}",
+                String::from_utf8_lossy(doc)
+            );
+        }
+    }
 
     #[test]
     fn parses_options_and_defaults() {

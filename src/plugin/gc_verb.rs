@@ -20,7 +20,9 @@ pub fn gc(conf: &NetConf) -> Result<(), CniError> {
     // The budget counts from the verb's start: the scan is part of the wait too.
     let budget = Duration::from_secs(conf.gc_budget_secs);
     let deadline = Instant::now() + budget;
-    let valid = gc::valid_set(valid_list(&conf.raw)).map_err(|e| {
+    // parse() accepted this document as a JSON object; the fallback is for form's sake.
+    let stdin: Value = serde_json::from_slice(&conf.stdin).unwrap_or(Value::Null);
+    let valid = gc::valid_set(valid_list(&stdin)).map_err(|e| {
         CniError::new(
             error::INVALID_NETWORK_CONFIG,
             "invalid cni.dev/valid-attachments",

@@ -37,7 +37,27 @@ pub fn boot_id() -> io::Result<String> {
     if let Some(id) = crate::faults::boot_id_override() {
         return Ok(id);
     }
-    Ok(std::fs::read_to_string(BOOT_ID_PATH)?.trim().to_string())
+    read_boot_id(Path::new(BOOT_ID_PATH))
+}
+
+/// One open, one read and one close on every ADD (`read_to_string` adds a stat and two
+/// reads): the ID is 36 characters and a newline, which procfs returns in one read.
+fn read_boot_id(path: &Path) -> io::Result<String> {
+    use std::io::Read;
+    let mut file = File::open(path)?;
+    let mut buf = [0u8; 128];
+    let mut len = 0;
+    while len < buf.len() && !buf[..len].contains(&b'\n') {
+        match file.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let text = std::str::from_utf8(&buf[..len])
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    Ok(text.trim().to_string())
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -312,6 +332,18 @@ pub fn replay_netns(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn boot_id_reads_as_read_to_string_does() {
+        let whole = std::fs::read_to_string(BOOT_ID_PATH).unwrap();
+        assert_eq!(read_boot_id(Path::new(BOOT_ID_PATH)).unwrap(), whole.trim());
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("id");
+        std::fs::write(&file, "no-newline").unwrap();
+        assert_eq!(read_boot_id(&file).unwrap(), "no-newline");
+        std::fs::write(&file, "x".repeat(300)).unwrap();
+        assert_eq!(read_boot_id(&file).unwrap().len(), 128);
+    }
 
     #[test]
     fn reasons_and_evidence_serialise_as_their_names() {
