@@ -27,6 +27,7 @@
 #      Context: the chain with a do-nothing C plugin (bench/noop-plugin.c) first instead,
 #      which is what any extra plugin costs libcni. 2c: the same chain with the ledger's
 #      head and its tail entry (docs/CHAIN.md) vs the head alone: what the tail costs.
+#      2d: the head with a do-nothing C plugin last instead of the tail (the tail's floor).
 #   3. ledger ADD with 100,000 existing records vs. with 10 (records made by
 #      bench/gen_records.py: valid, checksummed, correctly named, with their lock files).
 #   4. `cni-ledger gc --grace 0 --jobs $GC_JOBS` replaying N stale attachments (ADD
@@ -142,7 +143,7 @@ if [ "${NO_BUILD:-0}" != 1 ]; then
 	# The binary as install.sh builds it: static, for the host target.
 	host=$(rustc -vV | sed -n 's/^host: //p')
 	log "cargo build --release --target $host (static, as install.sh builds it)"
-	built=$(cd "$repo" && RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+	built=$(cd "$repo" && RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static -C relocation-model=static" \
 		cargo build --release --target "$host" --quiet --message-format=json-render-diagnostics |
 		python3 -c '
 import json, sys
@@ -176,7 +177,7 @@ DW=$build/durable-write
 
 # ---------------------------------------------------------------------------- world
 rm -rf "$B"
-mkdir -p "$B"/{results,bin,cache,floor,conf-m1,conf-l,conf-p,conf-g,conf-t,ipam}
+mkdir -p "$B"/{results,bin,cache,floor,conf-m1,conf-l,conf-p,conf-g,conf-t,conf-x,ipam}
 chmod 700 "$B"
 R=$B/results
 # A copy, not a symlink: a concurrent `cargo build` must not swap the binary mid-run.
@@ -225,6 +226,10 @@ conflist chainp "$(bridge_entry cbp$tag 198.18.1.0/24)" "$PORTMAP" >"$B/conf-p/1
 conflist chaint "$(ledger_entry "$B/ledger-tail" "$B/conf-t")" "$(bridge_entry cbt$tag 198.18.4.0/24)" "$PORTMAP" \
 	"$(printf '{"type":"cni-ledger","role":"tail","ledgerDir":"%s"}' "$B/ledger-tail")" \
 	>"$B/conf-t/10-chaint.conflist"
+# ... with the head and a do-nothing C plugin last (2d): what libcni charges any last
+# entry, the tail's floor,
+conflist chainx "$(ledger_entry "$B/ledger-x" "$B/conf-x")" "$(bridge_entry cbx$tag 198.18.5.0/24)" "$PORTMAP" \
+	'{"type":"noop"}' >"$B/conf-x/10-chainx.conflist"
 # ... and with a do-nothing C plugin in the ledger's place: libcni's cost of one more plugin.
 mkdir -p "$B/conf-n"
 conflist chainn '{"type":"noop"}' "$(bridge_entry cbn$tag 198.18.3.0/24)" "$PORTMAP" >"$B/conf-n/10-chainn.conflist"
@@ -354,6 +359,7 @@ if want 2; then
 		spec_driver chain-plain "$B/conf-p" chainp "p$tag-"
 		spec_driver chain-noop "$B/conf-n" chainn "n$tag-"
 		spec_driver chain-tail "$B/conf-t" chaint "t$tag-"
+		spec_driver chain-lastnoop "$B/conf-x" chainx "x$tag-"
 	} >"$B/spec-chain"
 	inhost "$HARNESS" -n "$RUNS_CHAIN" -w 3 -o "$R/chain.tsv" "$B/spec-chain"
 fi
@@ -489,6 +495,11 @@ if want 2; then
 	read -r ct _ _ <<<"$(ratio "$R/chain.tsv" chain-tail chain-ledger cpu)"
 	dt=$(py "print(float(a[0]) - float(a[1]))" "$cht" "$chl")
 	rows+=("| 2c | the same chain with the ledger's head and tail vs the head alone (the tail's cost: +$(ms "$dt") median) | $(ms "$cht") | $(ms "$chl") | $(xci "$rt" "$lt" "$ht") | $(x "$ct") | ≤ +1 ms | $(verdict "$dt" 1) |")
+	read -r chx _ _ _ _ _ <<<"$(med "$R/chain.tsv" chain-lastnoop)"
+	read -r rx lx hx <<<"$(ratio "$R/chain.tsv" chain-lastnoop chain-ledger)"
+	read -r cx _ _ <<<"$(ratio "$R/chain.tsv" chain-lastnoop chain-ledger cpu)"
+	dx=$(py "print(float(a[0]) - float(a[1]))" "$chx" "$chl")
+	rows+=("| 2d | (the tail's floor) the head's chain with a do-nothing C plugin last vs the head alone: what libcni charges any last entry, +$(ms "$dx") median | $(ms "$chx") | $(ms "$chl") | $(xci "$rx" "$lx" "$hx") | $(x "$cx") | | |")
 else
 	rows+=("$(skipped 2 "chain ADD with vs without the ledger" "≤ 1.03×")")
 fi

@@ -170,6 +170,21 @@ impl Ledger {
         .with_context(|| format!("writing record {}", self.record_path(&stem).display()))
     }
 
+    /// Rewrites a record that is already durable with notes whose loss in a power cut
+    /// costs no attachment (the tail's chain notes, docs/CHAIN.md): atomic like `write`,
+    /// the new bytes fsynced before they replace the old, but the rename not flushed, so
+    /// a power cut soon after leaves the previous, still valid, version.
+    pub fn amend(&self, rec: &Record) -> Result<()> {
+        let stem = rec.key().stem();
+        fsio::replace_atomic(
+            &self.records_dir(),
+            &format!("{stem}{RECORD_EXT}"),
+            &record::encode(rec),
+            "record",
+        )
+        .with_context(|| format!("amending record {}", self.record_path(&stem).display()))
+    }
+
     /// Removes a record durably; Ok(false) when there was none.
     pub fn remove(&self, stem: &str) -> Result<bool> {
         fsio::remove_durable(&self.records_dir(), &format!("{stem}{RECORD_EXT}"))
