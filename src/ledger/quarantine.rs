@@ -47,6 +47,17 @@ impl Ledger {
     /// is still damaged: a concurrent ADD may have just replaced it with a good record.
     /// Logs what became of it, after `who` (`gc:`, `list:`).
     pub fn quarantine_damaged(&self, d: &Damaged, who: &str) -> Quarantine {
+        // A file without a record's name stands for no key: no lock guards it and no
+        // writer can make it good. (Read as a key, it would seem replaced, forever.)
+        if d.reason == DamageReason::ForeignFile {
+            let q = match d.path.symlink_metadata() {
+                Ok(_) => moved(self.quarantine(&d.path)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Quarantine::Replaced,
+                Err(e) => Quarantine::Failed(e.into()),
+            };
+            log_record(who, d, &q);
+            return q;
+        }
         let q = match self.lock(&d.stem, Wait::No) {
             Ok(Some(_lock)) => match self.read(&d.stem) {
                 Ok(Some(Decoded::Damaged(..))) => moved(self.quarantine(&d.path)),
@@ -175,6 +186,36 @@ mod tests {
         };
         assert_eq!(std::fs::read(&to).unwrap(), b"{");
         assert!(!d.path.exists());
+        std::fs::remove_dir_all(l.root()).unwrap();
+    }
+
+    /// A file in records/ without a record's name is moved aside, not taken for a key's
+    /// record "since replaced" on every run.
+    #[test]
+    fn a_foreign_file_is_moved() {
+        let l = tmp_ledger("foreign");
+        let path = l.records_dir().join("notes.txt");
+        std::fs::write(&path, b"hello").unwrap();
+        let mut found = Vec::new();
+        l.for_each(|e| found.push(e)).unwrap();
+        let [entry] = &found[..] else {
+            panic!("{found:?}")
+        };
+        let Decoded::Damaged(damage) = &entry.decoded else {
+            panic!("{found:?}")
+        };
+        assert_eq!(damage.reason, DamageReason::ForeignFile);
+        let d = Damaged {
+            stem: entry.stem.clone(),
+            path: entry.path.clone(),
+            reason: damage.reason,
+            detail: damage.detail.clone(),
+        };
+        let Quarantine::Moved(to) = l.quarantine_damaged(&d, "test:") else {
+            panic!("a foreign file was not moved");
+        };
+        assert_eq!(std::fs::read(&to).unwrap(), b"hello");
+        assert!(!path.exists());
         std::fs::remove_dir_all(l.root()).unwrap();
     }
 }
