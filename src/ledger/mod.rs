@@ -160,14 +160,7 @@ impl Ledger {
     }
 
     pub fn write(&self, rec: &Record) -> Result<()> {
-        let stem = rec.key().stem();
-        fsio::write_atomic(
-            &self.records_dir(),
-            &format!("{stem}{RECORD_EXT}"),
-            &record::encode(rec),
-            "record",
-        )
-        .with_context(|| format!("writing record {}", self.record_path(&stem).display()))
+        self.put_record(rec, fsio::write_atomic, "writing")
     }
 
     /// Rewrites a record that is already durable with notes whose loss in a power cut
@@ -175,14 +168,25 @@ impl Ledger {
     /// the new bytes fsynced before they replace the old, but the rename not flushed, so
     /// a power cut soon after leaves the previous, still valid, version.
     pub fn amend(&self, rec: &Record) -> Result<()> {
+        self.put_record(rec, fsio::replace_atomic, "amending")
+    }
+
+    /// Encodes `rec` and stores it under its key's name by `put` (one of fsio's atomic
+    /// writes); `doing` names the act in the error.
+    fn put_record(
+        &self,
+        rec: &Record,
+        put: fn(&Path, &str, &[u8], &str) -> io::Result<()>,
+        doing: &str,
+    ) -> Result<()> {
         let stem = rec.key().stem();
-        fsio::replace_atomic(
+        put(
             &self.records_dir(),
             &format!("{stem}{RECORD_EXT}"),
             &record::encode(rec),
             "record",
         )
-        .with_context(|| format!("amending record {}", self.record_path(&stem).display()))
+        .with_context(|| format!("{doing} record {}", self.record_path(&stem).display()))
     }
 
     /// Removes a record durably; Ok(false) when there was none.
