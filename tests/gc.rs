@@ -1359,3 +1359,28 @@ fn the_snapshot_of_an_unreadable_record_is_not_swept() {
     assert_eq!(r["configSource"], json!("snapshot"), "{r:#}");
     assert!(!ipam_file(&f, &ip_x).exists());
 }
+
+/// The report lists damaged records by file name, whatever order the scan's workers
+/// finished in: two runs over one ledger print one report.
+#[test]
+fn damaged_records_are_reported_in_file_order() {
+    require_root!();
+    let f = fixture_with(false, vec![]);
+    let records = f.ledger_dir.join("records");
+    fs::create_dir_all(&records).unwrap();
+    for i in 0..24 {
+        fs::write(records.join(format!("n:bad{i:02}:eth0.json")), b"{").unwrap();
+    }
+    let (code, rep, out) = gc_json(&f, &["--dry-run"]);
+    assert_eq!(code, 1, "{}", describe(&out));
+    let files: Vec<String> = rep["damaged"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["file"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(files.len(), 24, "{rep:#}");
+    let mut sorted = files.clone();
+    sorted.sort();
+    assert_eq!(files, sorted);
+}

@@ -281,6 +281,9 @@ fn scan(
     for d in &damaged {
         report.damaged.push(damaged_report(ledger, d, opts.dry_run));
     }
+    // By file, not in the scan workers' finishing order: the same ledger, the same report.
+    report.damaged.sort_by(|a, b| a.file.cmp(&b.file));
+    report.unreadable.sort_by(|a, b| a.file.cmp(&b.file));
     report.summary.damaged = report.damaged.len();
     report.summary.unreadable = report.unreadable.len();
     if !opts.dry_run {
