@@ -168,10 +168,11 @@ fn the_daemonsets_agent_leaves_live_pods_alone_and_releases_only_a_forgotten_one
         .lines()
         .find_map(|l| l.strip_prefix("host: ").map(String::from))
         .unwrap();
-    let image_bin = repo()
-        .join("target")
-        .join(&host_target)
-        .join("debug/cni-ledger");
+    // Where scripts/build-image.sh built it: CARGO_TARGET_DIR if set, else target/.
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("target"));
+    let image_bin = target_dir.join(&host_target).join("debug/cni-ledger");
 
     // The node: its network namespace (hostNetwork), then its mount namespace.
     let net = Netns::new();
