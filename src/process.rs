@@ -3,29 +3,25 @@
 //! and a write to a closed pipe fails with EPIPE instead of killing the process.
 
 use nix::fcntl::{fcntl, FcntlArg};
-use nix::sys::signal::{signal, SigHandler, Signal};
+use nix::sys::signal::{SigSet, Signal};
 use std::os::fd::IntoRawFd;
 
-/// Called first in `main`, before any other thread exists.
+/// Called first in `main`, before any thread exists (threads inherit the signal mask).
 pub fn prepare() {
     keep_standard_fds_open();
-    ignore_sigpipe();
+    // Blocked, not ignored (the safe call): a runtime that closes the read end of our
+    // stdout, or a replayed plugin that exits without reading its stdin, then gives us
+    // EPIPE, as under std's start. Children start with an empty mask and SIGPIPE at its
+    // default: std's spawn resets both, so the plugins a replay runs see no difference.
+    let mut pipe = SigSet::empty();
+    pipe.add(Signal::SIGPIPE);
+    // Fails only for an invalid set; this one is valid.
+    let _ = pipe.thread_block();
 }
 
-/// As std's start does: a runtime that closes the read end of our stdout, or a replayed
-/// plugin that exits without reading its stdin, gives EPIPE, not death by signal. std's
-/// spawn sets SIGPIPE back to its default in every child, so the plugins a replay runs
-/// start as they do under a runtime. (Blocking it instead would be passed on to them.)
-#[allow(unsafe_code)]
-fn ignore_sigpipe() {
-    // SAFETY: SIG_IGN installs no handler, so no code of ours ever runs on the signal,
-    // and this runs before any other thread exists.
-    let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigIgn) };
-}
-
-/// A closed 0, 1 or 2 would be handed to the next file opened, and a record or lock file
-/// could then receive what is meant for stdout or stderr: each is pointed at /dev/null
-/// instead. Opening takes the lowest free number, so each open fills the next closed one.
+/// A closed 0, 1 or 2 would be handed to the next file opened, and a record file could
+/// then receive what is meant for stdout: each is pointed at /dev/null instead. Opening
+/// takes the lowest free number, so each open fills the next closed one of the three.
 fn keep_standard_fds_open() {
     let closed = (0..3)
         .filter(|&fd| fcntl(fd, FcntlArg::F_GETFD).is_err())
