@@ -144,15 +144,13 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
     // that path refuses (not an object, bad JSON, a wrong type, a key given twice) goes
     // the way of the tree, whose answer (accepted or which error) is the reference.
     let starts_object = stdin.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
-    let raw = match starts_object {
-        true => serde_json::from_slice::<Raw>(stdin).ok(),
-        false => None,
-    };
-    let raw = match raw {
-        Some(raw) => raw,
-        None => parse_tree(stdin)?,
-    };
-    build(raw, stdin)
+    let direct = starts_object
+        .then(|| serde_json::from_slice::<Raw>(stdin).ok())
+        .flatten();
+    match direct {
+        Some(raw) => build(raw, stdin),
+        None => build(parse_tree(stdin)?, stdin),
+    }
 }
 
 /// Decodes by way of a JSON tree, in skel's order of checks.

@@ -72,13 +72,7 @@ pub fn write_atomic_mode(
     what: &str,
     mode: u32,
 ) -> io::Result<()> {
-    let tmp = write_temp(dir, name, bytes, what, mode)?;
-    let target = dir.join(name);
-    if let Err(e) = std::fs::rename(&tmp, &target) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(at("renaming over", &target)(e));
-    }
-    crash_point(&format!("{what}.renamed"));
+    rename_into_place(dir, name, bytes, what, mode)?;
     fsync_dir(dir)?;
     crash_point(&format!("{what}.dir-synced"));
     Ok(())
@@ -90,7 +84,18 @@ pub fn write_atomic_mode(
 /// made durable by the directory's next fsync (the next record written there) or the
 /// file system's next commit. Saves one of the two flushes of `write_atomic`.
 pub fn replace_atomic(dir: &Path, name: &str, bytes: &[u8], what: &str) -> io::Result<()> {
-    let tmp = write_temp(dir, name, bytes, what, 0o600)?;
+    rename_into_place(dir, name, bytes, what, 0o600)
+}
+
+/// A fsynced temp file with `bytes`, renamed over `dir/name`: both writes' first half.
+fn rename_into_place(
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+    what: &str,
+    mode: u32,
+) -> io::Result<()> {
+    let tmp = write_temp(dir, name, bytes, what, mode)?;
     let target = dir.join(name);
     if let Err(e) = std::fs::rename(&tmp, &target) {
         let _ = std::fs::remove_file(&tmp);
