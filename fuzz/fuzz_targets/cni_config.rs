@@ -16,7 +16,10 @@ fuzz_target!(|data: &[u8]| {
             );
             let _ = version::is_supported(&conf.cni_version);
             let _ = version::at_least(&conf.cni_version, "0.4.0");
-            assert!(conf.raw.is_object());
+            // The document GC re-reads is the very input, and it is a JSON object.
+            assert_eq!(conf.stdin, data);
+            let doc: serde_json::Value = serde_json::from_slice(&conf.stdin).unwrap();
+            assert!(doc.is_object());
         }
         Err(e) => {
             // Every refusal is a CNI error with a well-known code.

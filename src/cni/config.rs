@@ -143,15 +143,24 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
     // Decoded straight into `Raw`: no tree of the whole document on every ADD. Anything
     // that path refuses (not an object, bad JSON, a wrong type, a key given twice) goes
     // the way of the tree, whose answer (accepted or which error) is the reference.
+    // Skipping a key it does not read, serde checks neither the bytes' UTF-8 nor the
+    // nesting depth, and the tree (what GC re-reads) would refuse what the ADD accepted:
+    // only valid UTF-8 with fewer openers than the tree's depth limit goes direct.
     let starts_object = stdin.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
-    let direct = starts_object
-        .then(|| serde_json::from_slice::<Raw>(stdin).ok())
-        .flatten();
+    let shallow = || stdin.iter().filter(|&&b| b == b'{' || b == b'[').count() < TREE_DEPTH;
+    let direct = std::str::from_utf8(stdin)
+        .ok()
+        .filter(|_| starts_object && shallow())
+        .and_then(|text| serde_json::from_str::<Raw>(text).ok());
     match direct {
         Some(raw) => build(raw, stdin),
         None => build(parse_tree(stdin)?, stdin),
     }
 }
+
+/// Below serde_json's recursion limit (128) for a tree: a document with fewer `{`/`[`
+/// bytes than this cannot nest deeper, wherever they are.
+const TREE_DEPTH: usize = 100;
 
 /// Decodes by way of a JSON tree, in skel's order of checks.
 fn parse_tree(stdin: &[u8]) -> Result<Raw, CniError> {
@@ -251,7 +260,17 @@ mod tests {
             br#"{"name":"n","gcBudgetSecs":0}"#,
             br#"{"name":"bad name"}"#,
         ];
-        for doc in docs {
+        // Found by the fuzzer: invalid UTF-8 inside a key the ledger does not read.
+        let mut not_utf8 = br#"{"name":"n","x":["#.to_vec();
+        not_utf8.extend_from_slice(b"\"\xff\xfe\"]}");
+        // Nesting deeper than a tree may hold, inside a key the ledger does not read.
+        let deep = format!(
+            r#"{{"name":"n","x":{}{}}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        let more = [not_utf8, deep.into_bytes()];
+        for doc in docs.iter().copied().chain(more.iter().map(Vec::as_slice)) {
             let tree = parse_tree(doc).and_then(|raw| build(raw, doc));
             let render = |r: &Result<NetConf, CniError>| match r {
                 Ok(c) => format!("{c:?}"),
