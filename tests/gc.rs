@@ -250,33 +250,6 @@ fn assert_same_state(
     panic!("{label} changed:\n{diff}");
 }
 
-/// Waits up to `secs` for a process to be gone (or a zombie).
-fn process_gone(pid: u32, secs: u64) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        match fs::read_to_string(format!("/proc/{pid}/stat")) {
-            Err(_) => return true,
-            Ok(s) => {
-                // state is the field after the ")" of the command name
-                let state = s
-                    .rsplit(')')
-                    .next()
-                    .unwrap_or("")
-                    .trim_start()
-                    .chars()
-                    .next();
-                if state == Some('Z') || state == Some('X') {
-                    return true;
-                }
-            }
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Runs the ledger binary as a CNI plugin inside the test host namespace (the GC verb
 /// replays DEL, and portmap/bridge act on the current namespace).
 fn plugin_in_host(f: &Fixture, env: &[(String, String)], stdin: &[u8]) -> Output {

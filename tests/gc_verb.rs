@@ -598,14 +598,7 @@ fn assert_all_gone(pids: &Path, count: usize, what: &str) {
     let started: Vec<&str> = text.split_whitespace().collect();
     assert_eq!(started.len(), count, "{started:?}");
     for pid in started {
-        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
-        let gone = (0..20).any(|_| {
-            let gone = !proc_dir.exists();
-            if !gone {
-                std::thread::sleep(std::time::Duration::from_millis(100));
-            }
-            gone
-        });
-        assert!(gone, "hanging DEL {pid} {what}");
+        let pid: u32 = pid.parse().unwrap();
+        assert!(process_gone(pid, 2), "hanging DEL {pid} {what}");
     }
 }

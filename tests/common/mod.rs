@@ -803,3 +803,26 @@ pub fn first_ip(result: &Value) -> String {
         .unwrap_or_else(|| panic!("no ips[0].address in {result:#}"));
     cidr.split('/').next().unwrap_or(cidr).to_string()
 }
+
+/// Waits up to `secs` for a process to be gone. A zombie counts as gone: it was killed
+/// and holds nothing; an orphan's zombie waits for its reaper, which on the test machine
+/// is a PID 1 that reaps only every ~1.8 s.
+pub fn process_gone(pid: u32, secs: u64) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return true;
+        };
+        // The state is the field after the ")" closing the command name.
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next());
+        if matches!(state, Some('Z' | 'X')) {
+            return true;
+        }
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
