@@ -20,6 +20,7 @@ pub mod logging;
 pub mod metrics;
 pub mod node_root;
 pub mod plugin;
+pub mod process;
 pub mod sandbox;
 pub mod time;
 pub mod workers;

@@ -354,7 +354,9 @@ fn only_vanished_namespaces_are_replayed_and_a_recreated_one_is_never_entered() 
     require_root!();
     let f = fixture_with(
         true,
-        vec![json!({"type": PROBE, "logFile": "{tmp}/probe.log"})],
+        vec![
+            json!({"type": PROBE, "logFile": "{tmp}/probe.log", "signalsFile": "{tmp}/signals.log"}),
+        ],
     );
     let live = Netns::new();
     let mut gone = Netns::new();
@@ -416,6 +418,13 @@ fn only_vanished_namespaces_are_replayed_and_a_recreated_one_is_never_entered() 
         "{}",
         probe_log(&f)
     );
+    // gc blocks nothing and ignores SIGPIPE itself (src/process.rs); the plugins it runs
+    // start with SIGPIPE at its default, as they do under a runtime.
+    let signals = fs::read_to_string(f.tmp.path().join("signals.log")).unwrap();
+    for cid in ["c-gone", "c-reborn"] {
+        let line = format!("DEL cid={cid} sigpipe=default");
+        assert!(signals.lines().any(|l| l == line), "{signals}");
+    }
 
     // The recreated namespace still has its own eth0.
     let d = link_details(&reborn, "eth0").expect("eth0 of the recreated namespace is gone");

@@ -998,3 +998,95 @@ fn add_warns_when_a_later_plugin_declares_a_capability_the_ledger_does_not() {
         "{row:#}"
     );
 }
+
+// -----------------------------------------------------------------------------------------
+// The process's start (src/main.rs is C's entry point, src/process.rs does what std's did)
+// -----------------------------------------------------------------------------------------
+
+/// An ADD run with stderr closed: its warning (no namespace at the path) goes nowhere;
+/// the lock file it holds meanwhile is not handed descriptor 2 to receive it.
+#[test]
+fn add_with_stderr_closed_writes_its_warning_into_no_ledger_file() {
+    require_root!();
+    let tmp = tempfile::tempdir().unwrap();
+    let ledger = tmp.path().join("ledger");
+    let stdin = json!({"cniVersion": "1.0.0", "name": "n", "type": "cni-ledger",
+        "logLevel": "warn",
+        "ledgerDir": ledger, "confDir": tmp.path()})
+    .to_string();
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", r#"exec "$0" 2>&-"#])
+        .arg(ledger_bin())
+        .envs([
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "closed-stdout"),
+            ("CNI_NETNS", "/nonexistent"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", "/usr/lib/cni"),
+        ])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    let verify = std::process::Command::new(ledger_bin())
+        .args(["verify", "--ledger-dir"])
+        .arg(&ledger)
+        .output()
+        .unwrap();
+    assert!(verify.status.success(), "{verify:?}");
+    for entry in walk(&ledger) {
+        let bytes = fs::read(&entry).unwrap();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(
+            !text.contains("\"dns\"") && !text.contains("without identity"),
+            "{} received output meant for stdout or stderr: {}",
+            entry.display(),
+            String::from_utf8_lossy(&bytes)
+        );
+    }
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// A runtime that closed its end of our stdout gets an exit code, not a process killed by
+/// SIGPIPE, as under std's start.
+#[test]
+fn a_closed_stdout_pipe_is_an_error_not_sigpipe() {
+    use std::os::unix::process::ExitStatusExt;
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut child = std::process::Command::new(ledger_bin())
+        .env("CNI_COMMAND", "VERSION")
+        .stdin(std::process::Stdio::piped())
+        .stdout(writer)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    let _ = child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(br#"{"cniVersion":"1.0.0"}"#);
+    let status = child.wait().unwrap();
+    assert_eq!(status.signal(), None, "{status:?}");
+    assert!(!status.success(), "{status:?}");
+}
