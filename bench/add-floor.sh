@@ -4,6 +4,10 @@
 #   sudo bench/add-floor.sh            # ~1 min; ROUNDS=N (default 400), LEDGER=PATH
 #   sudo ALT=PATH bench/add-floor.sh   # a second build timed beside it (add-alt) instead
 #                                      # of the floor with a lock file
+#   sudo VARIANT=noconf bench/add-floor.sh  # the same build as add-alt, without one step:
+#                                      # noconf (no conflist to find and snapshot: its
+#                                      # confDir is empty), nons (CNI_NETNS names nothing,
+#                                      # so no namespace identity is read)
 #
 # The floor (bench/floor/floor.c) is what a durable ADD cannot do without: exec of a
 # static binary, then one small file made durable exactly as the ledger makes a record
@@ -46,6 +50,16 @@ cat >"$B/conf/10-benchnet.conflist" <<JSON
 JSON
 printf '{"cniVersion":"1.0.0","name":"benchnet","type":"cni-ledger","ledgerDir":"%s","confDir":"%s","capabilities":{"portMappings":true},"runtimeConfig":{"portMappings":[{"hostPort":8080,"containerPort":80,"protocol":"tcp"}]}}\n' \
 	"$B/ledger" "$B/conf" >"$B/stdin.json"
+
+mkdir -p "$B/empty-conf"
+sed "s|\"confDir\":\"$B/conf\"|\"confDir\":\"$B/empty-conf\"|" "$B/stdin.json" >"$B/stdin-noconf.json"
+case "${VARIANT:-}" in
+"") ;;
+noconf) export ALT_STDIN=$B/stdin-noconf.json ;;
+nons) export ALT_NETNS=/run/netns/cl-floor-none-such ;;
+*) echo "bench/add-floor.sh: VARIANT is noconf or nons" >&2; exit 2 ;;
+esac
+[ -z "${VARIANT:-}" ] || : "${ALT:=$LEDGER}"
 
 third=floor-lock-file adds=1
 if [ -n "${ALT:-}" ]; then

@@ -11,7 +11,8 @@
  *   floor      FLOOR FLOORDIR f<round>
  *   EXTRA      (optional) "floor-lock-file": FLOOR --lock-file FLOORDIR l<round>; or the
  *              absolute path of a second ledger binary, timed as "add-alt" like "add"
- *              (e.g. an older build, to compare two builds in one run)
+ *              (e.g. an older build, to compare two builds in one run); ALT_STDIN and
+ *              ALT_NETNS, when set, are its stdin and CNI_NETNS instead of STDIN, NETNS
  * stdout and stderr of each go to /dev/null. Output: one line per timed run,
  * "variant<TAB>round<TAB>wall_usec<TAB>maxrss_kib<TAB>cpu_usec" (cpu = user+sys of the
  * child, from wait4), the format of bench/stats.py.
@@ -84,6 +85,10 @@ int main(int argc, char **argv) {
     int nv = extra ? 3 : 2;
     int alt = extra && extra[0] == '/';
     const char *names[3] = {"add", "floor", alt ? "add-alt" : extra};
+    /* The second build may get its own stdin and netns: the same build twice then
+     * measures one step of ADD (bench/add-floor.sh VARIANT=). */
+    const char *alt_in = getenv("ALT_STDIN") ? getenv("ALT_STDIN") : in;
+    const char *alt_netns = getenv("ALT_NETNS") ? getenv("ALT_NETNS") : netns;
     FILE *o = fopen(out, "w");
     if (!o) {
         perror(out);
@@ -99,12 +104,12 @@ int main(int argc, char **argv) {
             if (v == 0 || (v == 2 && alt)) {
                 snprintf(cid, sizeof cid, "%c%d-%d", v ? 'a' : 'k', (int)getpid(), r + warmup);
                 snprintf(cid_env, sizeof cid_env, "CNI_CONTAINERID=%s", cid);
-                snprintf(netns_env, sizeof netns_env, "CNI_NETNS=%s", netns);
+                snprintf(netns_env, sizeof netns_env, "CNI_NETNS=%s", v ? alt_netns : netns);
                 char *env[] = {"CNI_COMMAND=ADD", cid_env, netns_env, "CNI_IFNAME=eth0",
                                "CNI_PATH=/usr/lib/cni", "PATH=/usr/sbin:/usr/bin:/sbin:/bin",
                                NULL};
                 char *args[] = {(char *)(v ? extra : ledger), NULL};
-                spawn_wait(args, env, in, &wall, &cpu, &rss);
+                spawn_wait(args, env, v ? alt_in : in, &wall, &cpu, &rss);
             } else {
                 snprintf(fname, sizeof fname, "%c%d-%d", v == 1 ? 'f' : 'l', (int)getpid(),
                          r + warmup);
