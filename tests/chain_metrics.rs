@@ -35,6 +35,26 @@ fn agent_args(f: &Fixture, bin: &Path) -> Vec<String> {
     v
 }
 
+/// Runs `gc --metrics-file` on the fixture (no agent) and returns the file's text.
+fn gc_metrics_file(f: &Fixture) -> String {
+    let file = f.tmp.path().join("cni-ledger.prom");
+    let out = std::process::Command::new(ledger_bin())
+        .arg("gc")
+        .args(["--ledger-dir", f.ledger_dir.to_str().unwrap()])
+        .args(["--conf-dir", f.conf_dir.to_str().unwrap()])
+        .args(["--cni-cache-dir", f.cache_dir.to_str().unwrap()])
+        .arg("--metrics-file")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fs::read_to_string(&file).unwrap()
+}
+
 /// Adds the chain's fields to a record as the tail entry does: `tail` as the head writes
 /// it for a chain with a tail, then `chain` merged in; the record rewritten the ledger's
 /// way (checksummed envelope, temp + fsync + rename).
@@ -196,22 +216,7 @@ fn gc_metrics_file_carries_failed_left_and_headroom_without_the_agent() {
     let name = rec.file_name().unwrap().to_str().unwrap();
     cni_ledger::ledger::fsio::write_atomic(rec.parent().unwrap(), name, bytes.as_bytes(), "record")
         .unwrap();
-    let file = f.tmp.path().join("cni-ledger.prom");
-    let out = std::process::Command::new(ledger_bin())
-        .arg("gc")
-        .args(["--ledger-dir", f.ledger_dir.to_str().unwrap()])
-        .args(["--conf-dir", f.conf_dir.to_str().unwrap()])
-        .args(["--cni-cache-dir", f.cache_dir.to_str().unwrap()])
-        .arg("--metrics-file")
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let m = fs::read_to_string(&file).unwrap();
+    let m = gc_metrics_file(&f);
     let net = &f.network;
     assert_eq!(
         sample(
@@ -233,6 +238,70 @@ fn gc_metrics_file_carries_failed_left_and_headroom_without_the_agent() {
     promtool_check(&m);
     assert!(rec.exists(), "a live record is left alone");
     f.del("c-left", "eth0", Some(&ns.path_str()), None).unwrap();
+}
+
+/// A node whose pod range comes from the runtime (`ipRanges`, as containerd passes the
+/// node's pod CIDR) and not from the conflist: host-local hands addresses out of it, the
+/// ledger's record keeps it, and the headroom counts it. (A range in both places would
+/// give a second IPv4 gateway, which Debian's bridge 1.1.1 refuses.)
+#[test]
+fn headroom_counts_the_range_the_runtime_passed() {
+    require_root!();
+    let mut f = Fixture::new();
+    let mut list = f.conflist(&ChainSpec {
+        portmap: false,
+        ..ChainSpec::full()
+    });
+    list["plugins"][0]["capabilities"] = json!({"ipRanges": true});
+    list["plugins"][1]["capabilities"] = json!({"ipRanges": true});
+    list["plugins"][1]["ipam"]
+        .as_object_mut()
+        .unwrap()
+        .remove("ranges");
+    f.write_conflist(&list);
+    let pod_cidr = "10.231.7.0/24";
+    let caps = json!({"ipRanges": [[{"subnet": pod_cidr}]]});
+    let ns = Netns::new();
+    let result = f
+        .add("c-ranges", "eth0", Some(&ns.path_str()), Some(&caps))
+        .unwrap_or_else(|e| panic!("ADD: {e}"));
+    let ips: Vec<&str> = result["ips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|ip| ip["address"].as_str().unwrap())
+        .collect();
+    assert!(
+        ips.iter().any(|a| a.starts_with("10.231.7.")),
+        "host-local used the runtime's range: {result}"
+    );
+    let m = gc_metrics_file(&f);
+    let net = &f.network;
+    let series = |name: &str, range: &str| {
+        sample(
+            &m,
+            &format!("{name}{{network=\"{net}\",range=\"{range}\"}}"),
+        )
+    };
+    let passed = "10.231.7.1-10.231.7.254";
+    assert_eq!(
+        series("cni_ledger_addresses_used", passed),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        series("cni_ledger_addresses_size", passed),
+        Some(253.0),
+        "{m}"
+    );
+    assert_eq!(
+        m.matches("cni_ledger_addresses_size{").count(),
+        1,
+        "the runtime's range, and no other: {m}"
+    );
+    promtool_check(&m);
+    f.del("c-ranges", "eth0", Some(&ns.path_str()), Some(&caps))
+        .unwrap();
 }
 
 // Through libcni with the real tail: the chain helper's probe plugin

@@ -29,10 +29,10 @@ pub fn run(shared: &Shared, opts: &Options, stop: &Stop) {
                 shared.metrics.observe_gc_error(t0.elapsed().as_secs_f64());
             }
         }
-        shared
+        let runtime_ranges = shared
             .metrics
             .observe_ledger(&Ledger::at(&opts.gc.ledger_dir));
-        headroom(shared, opts);
+        headroom(shared, opts, &runtime_ranges);
         if stop.requested() || stop.sleep(opts.gc_interval) {
             return;
         }
@@ -123,9 +123,11 @@ fn consult(opts: &Options, endpoints: &[String]) -> crate::cri::Consulted {
 }
 
 /// Host-local's headroom in the conf dir's networks.
-fn headroom(shared: &Shared, opts: &Options) {
+fn headroom(shared: &Shared, opts: &Options, runtime: &crate::metrics::headroom::RuntimeRanges) {
     match conf::loadable(&opts.conf_dir) {
-        Ok(confs) => shared.metrics.observe_confs_headroom(&confs, false),
+        Ok(confs) => shared
+            .metrics
+            .observe_confs_headroom(&confs, runtime, false),
         Err(e) => crate::debug!("agent: headroom: {e:#}"),
     }
 }

@@ -135,7 +135,7 @@ fn write_metrics(
         Some(r) => m.observe_gc(r, took.as_secs_f64()),
         None => m.observe_gc_error(took.as_secs_f64()),
     }
-    m.observe_ledger(&crate::ledger::Ledger::at(&opts.ledger_dir));
+    let runtime_ranges = m.observe_ledger(&crate::ledger::Ledger::at(&opts.ledger_dir));
     m.observe_failed_left(
         &crate::ledger::Ledger::at(&opts.ledger_dir),
         opts.chain_left_after_secs,
@@ -145,7 +145,7 @@ fn write_metrics(
         .as_deref()
         .unwrap_or(std::path::Path::new(crate::cni::config::DEFAULT_CONF_DIR));
     match crate::agent::conf::loadable(conf_dir) {
-        Ok(confs) => m.observe_confs_headroom(&confs, true),
+        Ok(confs) => m.observe_confs_headroom(&confs, &runtime_ranges, true),
         Err(e) => crate::warn!("gc: headroom: {e:#}"),
     }
     if let Err(e) = m.write_file(path) {

@@ -14,10 +14,13 @@
 //!   `/var/lib/cni/networks`) named by the address; `last_reserved_ip.<n>` and `lock`
 //!   live there too and are not reservations.
 //!
-//! Ranges passed at run time (`runtimeConfig.ipRanges`) are per pod and not counted.
+//! - a plugin that declares the `ipRanges` capability also gets the ranges the runtime
+//!   passes (`runtimeConfig.ipRanges`), as range sets put before its own: a node whose
+//!   pod CIDR comes from the runtime has them only there. They are known from the
+//!   records (the ledger records the runtime config of every ADD), as `RuntimeRanges`.
 
 use serde_json::Value;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
@@ -38,6 +41,45 @@ pub struct Pool {
     /// `<dataDir>/<network>`.
     pub dir: PathBuf,
     pub ranges: Vec<Range>,
+}
+
+/// Per network, the distinct range objects runtimes passed in `runtimeConfig.ipRanges`
+/// of its recorded ADDs (each as the runtime gave it, before canonicalisation).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RuntimeRanges(BTreeMap<String, Vec<Value>>);
+
+impl RuntimeRanges {
+    /// Notes the `ipRanges` (a list of range sets) of one record's runtime config.
+    pub fn add(&mut self, network: &str, ip_ranges: Option<&Value>) {
+        let objs = ip_ranges
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_array)
+            .flatten();
+        for obj in objs {
+            let seen = self.0.entry(network.to_string()).or_default();
+            if !seen.contains(obj) {
+                seen.push(obj.clone());
+            }
+        }
+    }
+
+    /// Merges another scan's findings (the ledger is scanned by several workers).
+    pub fn merge(&mut self, other: RuntimeRanges) {
+        for (network, objs) in other.0 {
+            let seen = self.0.entry(network).or_default();
+            for obj in objs {
+                if !seen.contains(&obj) {
+                    seen.push(obj);
+                }
+            }
+        }
+    }
+
+    fn of(&self, network: &str) -> &[Value] {
+        self.0.get(network).map_or(&[], Vec::as_slice)
+    }
 }
 
 /// One range's figures, as the metrics carry them.
@@ -204,8 +246,9 @@ pub fn range(obj: &Value) -> Result<Range, String> {
 
 /// The host-local pools of a network configuration (a conflist, or a single plugin's
 /// conf): one per plugin whose `ipam.type` is `host-local`, with the ranges host-local
-/// would refuse left out and said why.
-pub fn pools(conf: &Value) -> (Vec<Pool>, Vec<HeadroomError>) {
+/// would refuse left out and said why, and the ranges the runtime passed to a plugin
+/// that declares `ipRanges` counted too (each range once).
+pub fn pools(conf: &Value, runtime: &RuntimeRanges) -> (Vec<Pool>, Vec<HeadroomError>) {
     let mut pools = Vec::new();
     let mut errors = Vec::new();
     let Some(network) = conf.get("name").and_then(Value::as_str) else {
@@ -215,11 +258,22 @@ pub fn pools(conf: &Value) -> (Vec<Pool>, Vec<HeadroomError>) {
         Some(list) => list.iter().collect(),
         None => vec![conf],
     };
-    for ipam in plugins.iter().filter_map(|p| p.get("ipam")) {
+    for plugin in plugins {
+        let Some(ipam) = plugin.get("ipam") else {
+            continue;
+        };
         if ipam.get("type").and_then(Value::as_str) != Some("host-local") {
             continue;
         }
         let mut objs: Vec<&Value> = Vec::new();
+        let takes_runtime_ranges = plugin
+            .get("capabilities")
+            .and_then(|c| c.get("ipRanges"))
+            .and_then(Value::as_bool)
+            == Some(true);
+        if takes_runtime_ranges {
+            objs.extend(runtime.of(network));
+        }
         if ipam.get("subnet").is_some() {
             objs.push(ipam);
         }
@@ -231,9 +285,11 @@ pub fn pools(conf: &Value) -> (Vec<Pool>, Vec<HeadroomError>) {
         {
             objs.extend(set.as_array().into_iter().flatten());
         }
-        let mut ranges = Vec::new();
+        let mut ranges: Vec<Range> = Vec::new();
         for obj in objs {
             match range(obj) {
+                // A runtime's range may also be configured: one series per range.
+                Ok(r) if ranges.contains(&r) => {}
                 Ok(r) => ranges.push(r),
                 Err(why) => errors.push(HeadroomError::InvalidRange {
                     network: network.to_string(),
@@ -305,7 +361,7 @@ pub fn measure(pool: &Pool) -> Result<Vec<Usage>, HeadroomError> {
 /// Headroom of every network of these configurations (a conf dir's that load, in the
 /// runtime's order) that uses host-local, each network once (the first file that names
 /// it), with what could not be measured said why.
-pub fn of_confs(confs: &[(PathBuf, Value)]) -> (Vec<Usage>, Vec<String>) {
+pub fn of_confs(confs: &[(PathBuf, Value)], runtime: &RuntimeRanges) -> (Vec<Usage>, Vec<String>) {
     let mut usages = Vec::new();
     let mut problems = Vec::new();
     let mut seen = HashSet::new();
@@ -314,7 +370,7 @@ pub fn of_confs(confs: &[(PathBuf, Value)]) -> (Vec<Usage>, Vec<String>) {
         if !seen.insert(name.to_string()) {
             continue;
         }
-        let (pools, errors) = pools(doc);
+        let (pools, errors) = pools(doc, runtime);
         problems.extend(errors.iter().map(ToString::to_string));
         for pool in pools {
             match measure(&pool) {
@@ -423,7 +479,7 @@ mod tests {
                 {"type": "portmap"}
             ]
         });
-        let (pools, errors) = pools(&conf);
+        let (pools, errors) = pools(&conf, &RuntimeRanges::default());
         assert_eq!(pools.len(), 1);
         assert_eq!(pools[0].dir, Path::new("/run/ipam/pods"));
         let labels: Vec<_> = pools[0].ranges.iter().map(Range::label).collect();
@@ -439,7 +495,7 @@ mod tests {
         assert!(errors[0].to_string().contains("10.0.0.0/33"));
         let single = json!({"name": "one", "type": "bridge",
             "ipam": {"type": "host-local", "subnet": "192.168.0.0/24"}});
-        let (pools, _) = super::pools(&single);
+        let (pools, _) = super::pools(&single, &RuntimeRanges::default());
         assert_eq!(pools[0].dir, Path::new(DEFAULT_DATA_DIR).join("one"));
     }
 
@@ -452,7 +508,7 @@ mod tests {
             "ranges": [[{"subnet": "10.0.0.0/29"}], [{"subnet": "fd00::/124"}]],
             "dataDir": tmp.to_str().unwrap()
         }}]});
-        let (pools, errors) = pools(&conf);
+        let (pools, errors) = pools(&conf, &RuntimeRanges::default());
         assert!(errors.is_empty());
         // No data dir yet: nothing reserved.
         let u = measure(&pools[0]).unwrap();
@@ -492,10 +548,60 @@ mod tests {
             (PathBuf::from("10-pods.conflist"), conf("10.0.0.0/24")),
             (PathBuf::from("20-old.conflist"), conf("10.9.0.0/24")),
         ];
-        let (usages, problems) = of_confs(&confs);
+        let (usages, problems) = of_confs(&confs, &RuntimeRanges::default());
         assert!(problems.is_empty(), "{problems:?}");
         assert_eq!(usages.len(), 1);
         assert_eq!(usages[0].range, "10.0.0.1-10.0.0.254");
         assert_eq!(usages[0].used, 0, "no data dir: nothing reserved yet");
+    }
+
+    #[test]
+    fn ranges_a_runtime_passed_count_where_the_plugin_takes_them() {
+        let mut runtime = RuntimeRanges::default();
+        let passed = json!([[{"subnet": "10.244.1.0/24"}], [{"subnet": "fd10::/120"}]]);
+        // Every pod of the node is given the same ranges: each counts once.
+        runtime.add("pods", Some(&passed));
+        runtime.add("pods", Some(&passed));
+        runtime.add("pods", None);
+        runtime.add("other", Some(&json!([[{"subnet": "10.9.0.0/24"}]])));
+        let mut second_scan = RuntimeRanges::default();
+        second_scan.add("pods", Some(&json!([[{"subnet": "10.244.1.0/24"}]])));
+        runtime.merge(second_scan);
+        let conf = |caps: Value, ipam: Value| {
+            json!({"name": "pods", "plugins": [
+                {"type": "cni-ledger", "capabilities": {"ipRanges": true}},
+                {"type": "bridge", "capabilities": caps, "ipam": ipam}]})
+        };
+        let labels = |conf: &Value| -> Vec<String> {
+            let (pools, errors) = pools(conf, &runtime);
+            assert!(errors.is_empty(), "{errors:?}");
+            pools[0].ranges.iter().map(Range::label).collect()
+        };
+        // A pod CIDR only the runtime knows: without the records there would be no range.
+        let only_runtime = conf(json!({"ipRanges": true}), json!({"type": "host-local"}));
+        assert_eq!(
+            labels(&only_runtime),
+            ["10.244.1.1-10.244.1.254", "fd10::1-fd10::ff"]
+        );
+        // host-local puts the runtime's range sets before its own; one configured
+        // alike is one range, one series.
+        let both = conf(
+            json!({"ipRanges": true}),
+            json!({"type": "host-local", "ranges": [[{"subnet": "10.244.1.0/24"}], [{"subnet": "10.0.0.0/24"}]]}),
+        );
+        assert_eq!(
+            labels(&both),
+            [
+                "10.244.1.1-10.244.1.254",
+                "fd10::1-fd10::ff",
+                "10.0.0.1-10.0.0.254"
+            ]
+        );
+        // A plugin that does not declare the capability is never given them.
+        let undeclared = conf(
+            json!({"portMappings": true}),
+            json!({"type": "host-local", "subnet": "10.0.0.0/24"}),
+        );
+        assert_eq!(labels(&undeclared), ["10.0.0.1-10.0.0.254"]);
     }
 }

@@ -356,14 +356,16 @@ impl Metrics {
     }
 
     /// Headroom of the host-local networks of these network configurations (a conf
-    /// dir's, in the runtime's order); what cannot be measured is logged (at `warn` by
-    /// gc, once an interval at `debug` by the agent).
+    /// dir's, in the runtime's order), with the ranges runtimes passed (`runtime`, from
+    /// `observe_ledger`); what cannot be measured is logged (at `warn` by gc, once an
+    /// interval at `debug` by the agent).
     pub fn observe_confs_headroom(
         &self,
         confs: &[(std::path::PathBuf, serde_json::Value)],
+        runtime: &headroom::RuntimeRanges,
         loud: bool,
     ) {
-        let (usages, problems) = headroom::of_confs(confs);
+        let (usages, problems) = headroom::of_confs(confs, runtime);
         for p in problems {
             if loud {
                 crate::warn!("headroom: {p}");
@@ -381,23 +383,33 @@ impl Metrics {
     }
 
     /// Records by network and quarantined files, from a scan of the ledger.
-    pub fn observe_ledger(&self, ledger: &Ledger) {
+    /// Returns the address ranges runtimes passed in the records (for the headroom),
+    /// found by the same scan.
+    pub fn observe_ledger(&self, ledger: &Ledger) -> headroom::RuntimeRanges {
         let scans = ledger.scan(
             crate::ledger::scan_jobs(),
-            BTreeMap::<String, i64>::new,
-            |acc, entry| {
+            || {
+                (
+                    BTreeMap::<String, i64>::new(),
+                    headroom::RuntimeRanges::default(),
+                )
+            },
+            |(counts, ranges), entry| {
                 if let Decoded::Ok(rec) = entry.decoded {
-                    *acc.entry(rec.network).or_default() += 1;
+                    ranges.add(&rec.network, rec.runtime_config.get("ipRanges"));
+                    *counts.entry(rec.network).or_default() += 1;
                 }
             },
         );
+        let mut ranges = headroom::RuntimeRanges::default();
         match scans {
             Ok(scans) => {
                 self.records.reset();
-                for scan in scans {
-                    for (net, n) in scan {
+                for (counts, found) in scans {
+                    for (net, n) in counts {
                         self.records.with_label_values(&[&net]).add(n);
                     }
+                    ranges.merge(found);
                 }
             }
             Err(e) => crate::warn!("agent: counting records: {e:#}"),
@@ -406,6 +418,7 @@ impl Metrics {
             .map(|rd| rd.count())
             .unwrap_or(0);
         self.quarantined.set(q as i64);
+        ranges
     }
 
     /// Writes the node_exporter textfile: counters continue from the previous file's
