@@ -288,8 +288,8 @@ pub fn pools(conf: &Value, runtime: &RuntimeRanges) -> (Vec<Pool>, Vec<HeadroomE
         let mut ranges: Vec<Range> = Vec::new();
         for obj in objs {
             match range(obj) {
-                // A runtime's range may also be configured: one series per range.
-                Ok(r) if ranges.contains(&r) => {}
+                // A runtime's range may also be configured: one series per label.
+                Ok(r) if ranges.iter().any(|seen| seen.label() == r.label()) => {}
                 Ok(r) => ranges.push(r),
                 Err(why) => errors.push(HeadroomError::InvalidRange {
                     network: network.to_string(),
