@@ -58,22 +58,23 @@ impl RuntimeRanges {
             .filter_map(Value::as_array)
             .flatten();
         for obj in objs {
-            let seen = self.0.entry(network.to_string()).or_default();
-            if !seen.contains(obj) {
-                seen.push(obj.clone());
-            }
+            self.insert(network, obj);
         }
     }
 
     /// Merges another scan's findings (the ledger is scanned by several workers).
     pub fn merge(&mut self, other: RuntimeRanges) {
-        for (network, objs) in other.0 {
-            let seen = self.0.entry(network).or_default();
+        for (network, objs) in &other.0 {
             for obj in objs {
-                if !seen.contains(&obj) {
-                    seen.push(obj);
-                }
+                self.insert(network, obj);
             }
+        }
+    }
+
+    fn insert(&mut self, network: &str, obj: &Value) {
+        let seen = self.0.entry(network.to_string()).or_default();
+        if !seen.contains(obj) {
+            seen.push(obj.clone());
         }
     }
 
