@@ -38,6 +38,9 @@ if [ -z "${LEDGER:-}" ]; then
 	LEDGER=$repo/target/$host/release/cni-ledger
 fi
 cp "$LEDGER" "$B/cni-ledger" # a copy: a concurrent build must not swap it mid-run
+# build.rs lays out these functions first; a toolchain upgrade renames them (hashes).
+order=$repo/link/plugin-order.txt
+echo "add-floor: $(nm "$B/cni-ledger" 2>/dev/null | awk '{print $NF}' | grep -cxFf - "$order" || true) of $(wc -l <"$order") functions of link/plugin-order.txt are in the binary" >&2
 gcc -O2 -Wall -static -o "$B/floor" "$here/floor/floor.c"
 gcc -O2 -Wall -o "$B/add-floor" "$here/floor/add-floor.c"
 mkdir -p "$B/conf" "$B/floor-dir/locks"
