@@ -27,7 +27,9 @@
 #      Context: the chain with a do-nothing C plugin (bench/noop-plugin.c) first instead,
 #      which is what any extra plugin costs libcni. 2c: the same chain with the ledger's
 #      head and its tail entry (docs/CHAIN.md) vs the head alone: what the tail costs.
-#      2d: the head with a do-nothing C plugin last instead of the tail (the tail's floor).
+#      2d: the head with a do-nothing C plugin last instead of the tail (what libcni charges
+#      any last entry); 2e: a C plugin last that rewrites one file durably as the tail
+#      amends a record (noop-plugin.c -DREWRITE): the tail's floor.
 #   3. ledger ADD with 100,000 existing records vs. with 10 (records made by
 #      bench/gen_records.py: valid, checksummed, correctly named, with their lock files).
 #   4. `cni-ledger gc --grace 0 --jobs $GC_JOBS` replaying N stale attachments (ADD
@@ -177,13 +179,15 @@ DW=$build/durable-write
 
 # ---------------------------------------------------------------------------- world
 rm -rf "$B"
-mkdir -p "$B"/{results,bin,cache,floor,conf-m1,conf-l,conf-p,conf-g,conf-t,conf-x,ipam}
+mkdir -p "$B"/{results,bin,cache,floor,conf-m1,conf-l,conf-p,conf-g,conf-t,conf-x,conf-w,ipam}
 chmod 700 "$B"
 R=$B/results
 # A copy, not a symlink: a concurrent `cargo build` must not swap the binary mid-run.
 cp "$LEDGER" "$B/bin/cni-ledger"
 LEDGER=$B/bin/cni-ledger
 cp "$build/noop-plugin" "$B/bin/noop"
+mkdir -p "$B/rewrite"
+gcc -O2 -Wall -DREWRITE="\"$B/rewrite/record.json\"" -o "$B/bin/rewrite" "$here/noop-plugin.c"
 CNI_PATH_ALL=$B/bin:/usr/lib/cni
 
 ip netns add "$HOST"
@@ -230,6 +234,9 @@ conflist chaint "$(ledger_entry "$B/ledger-tail" "$B/conf-t")" "$(bridge_entry c
 # entry, the tail's floor,
 conflist chainx "$(ledger_entry "$B/ledger-x" "$B/conf-x")" "$(bridge_entry cbx$tag 198.18.5.0/24)" "$PORTMAP" \
 	'{"type":"noop"}' >"$B/conf-x/10-chainx.conflist"
+# ... with the head and a C plugin last that makes one rewrite durable as the tail does (2e),
+conflist chainw "$(ledger_entry "$B/ledger-w" "$B/conf-w")" "$(bridge_entry cbw$tag 198.18.6.0/24)" "$PORTMAP" \
+	'{"type":"rewrite"}' >"$B/conf-w/10-chainw.conflist"
 # ... and with a do-nothing C plugin in the ledger's place: libcni's cost of one more plugin.
 mkdir -p "$B/conf-n"
 conflist chainn '{"type":"noop"}' "$(bridge_entry cbn$tag 198.18.3.0/24)" "$PORTMAP" >"$B/conf-n/10-chainn.conflist"
@@ -360,6 +367,7 @@ if want 2; then
 		spec_driver chain-noop "$B/conf-n" chainn "n$tag-"
 		spec_driver chain-tail "$B/conf-t" chaint "t$tag-"
 		spec_driver chain-lastnoop "$B/conf-x" chainx "x$tag-"
+		spec_driver chain-lastwrite "$B/conf-w" chainw "w$tag-"
 	} >"$B/spec-chain"
 	inhost "$HARNESS" -n "$RUNS_CHAIN" -w 3 -o "$R/chain.tsv" "$B/spec-chain"
 fi
@@ -500,7 +508,12 @@ if want 2; then
 	read -r rx lx hx <<<"$(ratio "$R/chain.tsv" chain-lastnoop chain-ledger)"
 	read -r cx _ _ <<<"$(ratio "$R/chain.tsv" chain-lastnoop chain-ledger cpu)"
 	dx=$(py "print(float(a[0]) - float(a[1]))" "$chx" "$chl")
-	rows+=("| 2d | (the tail's floor) the head's chain with a do-nothing C plugin last vs the head alone: what libcni charges any last entry, $(sms "$dx") median | $(ms "$chx") | $(ms "$chl") | $(xci "$rx" "$lx" "$hx") | $(x "$cx") | | |")
+	rows+=("| 2d | (context) the head's chain with a do-nothing C plugin last vs the head alone: what libcni charges any last entry, $(sms "$dx") median | $(ms "$chx") | $(ms "$chl") | $(xci "$rx" "$lx" "$hx") | $(x "$cx") | | |")
+	read -r chw _ _ _ _ _ <<<"$(med "$R/chain.tsv" chain-lastwrite)"
+	read -r rw lw hw <<<"$(ratio "$R/chain.tsv" chain-lastwrite chain-ledger)"
+	read -r cw _ _ <<<"$(ratio "$R/chain.tsv" chain-lastwrite chain-ledger cpu)"
+	dw=$(py "print(float(a[0]) - float(a[1]))" "$chw" "$chl")
+	rows+=("| 2e | (the tail's floor) the head's chain with a C plugin last that rewrites one file durably as the tail does vs the head alone, $(sms "$dw") median | $(ms "$chw") | $(ms "$chl") | $(xci "$rw" "$lw" "$hw") | $(x "$cw") | | |")
 else
 	rows+=("$(skipped 2 "chain ADD with vs without the ledger" "≤ 1.03×")")
 fi
