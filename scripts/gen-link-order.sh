@@ -39,12 +39,11 @@ runtime='"runtimeConfig":{"portMappings":[{"hostPort":8080,"containerPort":80,"p
 # The entries as libcni hands them over: name and cniVersion added, prevResult after ADD's first.
 entry() { printf '%s' "$1" | sed "s|^{|{\"cniVersion\":\"1.1.0\",\"name\":\"ordernet\",|; s|}\$|$2}|"; }
 entry "$head_conf" ",$runtime" >"$W/head-add.json"
-entry "$tail_conf" ",\"prevResult\":$result" >"$W/tail-add.json"
-entry "$tail_conf" ",\"prevResult\":$result" >"$W/tail-del.json"
+entry "$tail_conf" ",\"prevResult\":$result" >"$W/tail.json"
 entry "$head_conf" ",$runtime,\"prevResult\":$result" >"$W/head-del.json"
 
 : >"$W/order"
-for step in ADD:head-add ADD:tail-add DEL:tail-del DEL:head-del; do
+for step in ADD:head-add ADD:tail DEL:tail DEL:head-del; do
 	CNI_COMMAND=${step%%:*} CNI_CONTAINERID=order0123456789 CNI_NETNS=/run/netns/$NS CNI_IFNAME=eth0 \
 		CNI_PATH=/usr/lib/cni valgrind -q --tool=callgrind --demangle=no \
 		--callgrind-out-file="$W/cg.out" "$bin" <"$W/${step#*:}.json" >"$W/out" ||
