@@ -54,6 +54,10 @@ JSON
 printf '{"cniVersion":"1.0.0","name":"benchnet","type":"cni-ledger","ledgerDir":"%s","confDir":"%s","capabilities":{"portMappings":true},"runtimeConfig":{"portMappings":[{"hostPort":8080,"containerPort":80,"protocol":"tcp"}]}}\n' \
 	"$B/ledger" "$B/conf" >"$B/stdin.json"
 
+# As on a node, the conflist is older than the 3 s after which ADD trusts its memo of it
+# (src/plugin/conf_memo.rs): the first ADD loads it in full, the rest recall it.
+sleep 4
+
 mkdir -p "$B/empty-conf"
 sed "s|\"confDir\":\"$B/conf\"|\"confDir\":\"$B/empty-conf\"|" "$B/stdin.json" >"$B/stdin-noconf.json"
 case "${VARIANT:-}" in

@@ -243,6 +243,9 @@ conflist chainn '{"type":"noop"}' "$(bridge_entry cbn$tag 198.18.3.0/24)" "$PORT
 # 4: room for GC_N addresses.
 conflist gcnet "$(ledger_entry "$B/ledger-gc" "$B/conf-g")" "$(bridge_entry cbg$tag 198.18.16.0/20)" "$PORTMAP" \
 	>"$B/conf-g/10-gcnet.conflist"
+# As on a node, the conflists are older than the 3 s after which ADD trusts its memo of
+# them (src/plugin/conf_memo.rs); each ledger's first ADD loads its conflist in full.
+sleep 4
 
 # ------------------------------------------------------------------- record fixtures
 gen() { # dir count

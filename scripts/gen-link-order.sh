@@ -9,8 +9,10 @@
 # Symbol names carry hashes of the compiler and of each crate's version, so regenerate
 # after a Rust toolchain or dependency upgrade: a stale file links fine and orders
 # less (bench/add-floor.sh prints how many of its names the binary holds).
-# Order of the file: the head's ADD, the tail's ADD, the tail's DEL, the head's DEL,
-# each adding the functions the ones before did not run.
+# Order of the file: the head's ADD (as on a node, with the conflist remembered: see
+# src/plugin/conf_memo.rs), the tail's ADD, the tail's DEL, the head's DEL, then the
+# head's ADD that loads the conflist in full; each adds the functions the ones before
+# did not run.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 [ "$(id -u)" -eq 0 ] || { echo "gen-link-order: run as root (ip netns)" >&2; exit 1; }
@@ -42,10 +44,17 @@ entry "$head_conf" ",$runtime" >"$W/head-add.json"
 entry "$tail_conf" ",\"prevResult\":$result" >"$W/tail.json"
 entry "$head_conf" ",$runtime,\"prevResult\":$result" >"$W/head-del.json"
 
+# The conflist settles (older than the memo's 3 s), then an untraced ADD remembers it.
+sleep 4
+plugin() { CNI_CONTAINERID=$1 CNI_NETNS=/run/netns/$NS CNI_IFNAME=eth0 CNI_PATH=/usr/lib/cni "${@:2}"; }
+CNI_COMMAND=ADD plugin order-warm "$bin" <"$W/head-add.json" >/dev/null
+CNI_COMMAND=DEL plugin order-warm "$bin" <"$W/head-add.json" >/dev/null
+[ -e "$W/ledger/snapshots/.conf-memo.ordernet" ] || { echo "gen-link-order: the conflist was not remembered" >&2; exit 1; }
+
 : >"$W/order"
-for step in ADD:head-add ADD:tail DEL:tail DEL:head-del; do
-	CNI_COMMAND=${step%%:*} CNI_CONTAINERID=order0123456789 CNI_NETNS=/run/netns/$NS CNI_IFNAME=eth0 \
-		CNI_PATH=/usr/lib/cni valgrind -q --tool=callgrind --demangle=no \
+for step in ADD:head-add ADD:tail DEL:tail DEL:head-del ADD:head-add-full; do
+	[ "${step#*:}" != head-add-full ] || { rm "$W/ledger/snapshots/.conf-memo.ordernet"; step=ADD:head-add; }
+	CNI_COMMAND=${step%%:*} plugin order0123456789 valgrind -q --tool=callgrind --demangle=no \
 		--callgrind-out-file="$W/cg.out" "$bin" <"$W/${step#*:}.json" >"$W/out" ||
 		{ echo "gen-link-order: $step failed: $(cat "$W/out")" >&2; exit 1; }
 	grep -q '"code"' "$W/out" && { echo "gen-link-order: $step: $(cat "$W/out")" >&2; exit 1; }

@@ -52,7 +52,11 @@ impl Found {
     }
 }
 
-fn files_with(dir: &Path, exts: &[&str]) -> Result<Vec<PathBuf>> {
+/// The entries of `dir` that `find` considers, in the order it reads them: `.conflist`
+/// names first (libcni's order), then `.conf` and `.json`, each group sorted by name;
+/// each with whether it is a file (libcni follows symlinks; directories are skipped).
+pub fn candidates(dir: &Path) -> Result<Vec<(PathBuf, bool)>> {
+    const EXTS: [&str; 3] = ["conflist", "conf", "json"];
     let mut out = Vec::new();
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
@@ -63,7 +67,7 @@ fn files_with(dir: &Path, exts: &[&str]) -> Result<Vec<PathBuf>> {
         let item = item?;
         let path = item.path();
         let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
-        if !exts.contains(&ext) {
+        if !EXTS.contains(&ext) {
             continue;
         }
         // The directory entry's type costs no system call; only a symlink (which libcni
@@ -73,11 +77,10 @@ fn files_with(dir: &Path, exts: &[&str]) -> Result<Vec<PathBuf>> {
             Ok(t) if t.is_dir() => false,
             _ => path.is_file(),
         };
-        if is_file {
-            out.push(path);
-        }
+        out.push((path, is_file));
     }
     out.sort();
+    out.sort_by_key(|(p, _)| p.extension().is_none_or(|e| e != "conflist"));
     Ok(out)
 }
 
@@ -99,10 +102,10 @@ pub fn parse(bytes: &[u8]) -> Option<Value> {
 /// foreign files are skipped; a drop-in of the named network that cannot be read or
 /// parsed is an error, as it is for libcni (the runtime cannot load the network).
 pub fn find(dir: &Path, name: &str) -> Result<Option<Found>> {
-    // One listing, .conflist files first (libcni's order), each group sorted by name.
-    let mut files = files_with(dir, &["conflist", "conf", "json"])?;
-    files.sort_by_key(|p| p.extension().is_none_or(|e| e != "conflist"));
-    for path in files {
+    for (path, is_file) in candidates(dir)? {
+        if !is_file {
+            continue;
+        }
         let Ok(bytes) = read_whole(&path) else {
             continue;
         };
@@ -197,8 +200,7 @@ pub fn dropins(conf_dir: &Path, list: &Value) -> Result<Vec<(PathBuf, Value)>> {
         return Ok(Vec::new());
     }
     let name = list.get("name").and_then(Value::as_str).unwrap_or("");
-    // Go's filepath.Join: a leading '/' of the name does not make it absolute.
-    let dir = conf_dir.join(name.trim_start_matches('/'));
+    let dir = dropin_dir(conf_dir, name);
     let rd = match std::fs::read_dir(&dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -232,6 +234,13 @@ pub fn dropins(conf_dir: &Path, list: &Value) -> Result<Vec<(PathBuf, Value)>> {
         out.push((file, plugin));
     }
     Ok(out)
+}
+
+/// Where libcni v1.3 looks for the drop-ins of network `name` whose conflist is in
+/// `conf_dir`.
+pub fn dropin_dir(conf_dir: &Path, name: &str) -> PathBuf {
+    // Go's filepath.Join: a leading '/' of the name does not make it absolute.
+    conf_dir.join(name.trim_start_matches('/'))
 }
 
 /// One drop-in plugin config, judged as libcni's `NetworkPluginConfFromBytes` does.

@@ -336,6 +336,55 @@ fn add_writes_a_durable_record_with_every_field_and_a_snapshot_of_the_chain() {
     assert_eq!(common::mode_of(&snap), 0o600);
 }
 
+/// ADD remembers a settled conflist instead of reloading it (src/plugin/conf_memo.rs);
+/// what it records must be what a full load would give, before and after an edit that
+/// keeps the file's inode and size.
+#[test]
+fn add_records_the_chain_as_it_is_now_when_the_conflist_is_remembered() {
+    let w = World::new();
+    let tail = json!({"type": "cni-ledger", "role": "tail", "ledgerDir": w.ledger});
+    let conflist = w.write_conflist(&[w.host_local_entry("10.90.7.0/24"), tail]);
+    // Older than the memo's settling time, as a node's conflist is.
+    std::thread::sleep(std::time::Duration::from_millis(3300));
+    let memo = w
+        .ledger
+        .join("snapshots")
+        .join(format!(".conf-memo.{}", w.network));
+    let snapshot_of = |cid: &str| {
+        let rec = w.record(cid, "eth0").expect("a record after ADD");
+        assert_eq!(rec["tail"], json!(true), "{rec}");
+        assert_eq!(rec["confFile"], json!(conflist.display().to_string()));
+        let hash = rec["snapshot"].as_str().unwrap().to_string();
+        fs::read_to_string(w.ledger.join("snapshots").join(format!("{hash}.json"))).unwrap()
+    };
+
+    let a = w.add("c1", &w.conf("1.0.0"));
+    assert_eq!(a.status, 0, "{a}");
+    assert_eq!(snapshot_of("c1"), fs::read_to_string(&conflist).unwrap());
+    let remembered = fs::metadata(&memo).expect("the settled conflist remembered");
+    let a = w.add("c2", &w.conf("1.0.0"));
+    assert_eq!(a.status, 0, "{a}");
+    assert_eq!(snapshot_of("c2"), fs::read_to_string(&conflist).unwrap());
+    assert_eq!(
+        fs::metadata(&memo).unwrap().modified().unwrap(),
+        remembered.modified().unwrap(),
+        "the memo was recalled, not written again"
+    );
+
+    // Edited in place: same inode, same size, another subnet.
+    let edited = fs::read_to_string(&conflist)
+        .unwrap()
+        .replace("10.90.7.0", "10.90.8.0");
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&conflist)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, edited.as_bytes()))
+        .unwrap();
+    let a = w.add("c3", &w.conf("1.0.0"));
+    assert_eq!(a.status, 0, "{a}");
+    assert_eq!(snapshot_of("c3"), edited);
+}
+
 #[test]
 fn add_passes_prev_result_through_unchanged_in_every_version() {
     let w = World::new();

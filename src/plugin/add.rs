@@ -1,5 +1,6 @@
 //! ADD: record the attachment durably (write-ahead), then pass the result on.
 
+use super::conf_memo::{self, Memo};
 use super::{busy, empty_result, ledger_error};
 use crate::cni::config::{NetConf, OnLedgerError, DEFAULT_CONF_DIR};
 use crate::cni::env::CmdArgs;
@@ -71,46 +72,21 @@ fn record(conf: &NetConf, args: &CmdArgs, started_boot_ns: Option<u64>) -> Resul
     // The snapshot guard is held until the record naming the snapshot is durable, so a
     // concurrent sweep cannot delete the snapshot in between.
     let dir = conf_dir(conf);
-    let mut guard = None;
-    let mut tail = false;
-    let (snapshot, conf_file) = match conflist::find(&dir, &conf.name) {
-        Ok(Some(found)) if chain_includes(&found.list, &conf.plugin_type) => {
-            warn_capabilities(conf, &found.list);
-            tail = crate::chain::holds_tail(&found.list, &conf.plugin_type);
-            guard = Some(ledger.snapshot_guard_shared().map_err(ledger_error)?);
-            // The chain as libcni v1.3 loaded it, drop-ins included, is what a replay runs.
-            let hash = ledger
-                .put_snapshot(&found.snapshot_bytes())
-                .map_err(ledger_error)?;
-            (Some(hash), Some(found.path.display().to_string()))
-        }
-        Ok(Some(found)) => {
-            crate::warn!(
-                "ADD {key}: {} is named {} but has no {} entry; not snapshotting it",
-                found.path.display(),
-                conf.name,
-                conf.plugin_type
-            );
-            (None, None)
-        }
-        Ok(None) => {
-            crate::warn!(
-                "ADD {key}: no conflist named {} in {}; recording without a snapshot",
-                conf.name,
-                dir.display()
-            );
-            (None, None)
-        }
-        Err(e) => {
-            // A drop-in libcni cannot parse lands here too, in libcni's words.
-            crate::warn!(
-                "ADD {key}: cannot load the chain from {}: {e:#}; recording without a snapshot",
-                dir.display()
-            );
-            (None, None)
+    let began = std::time::SystemTime::now();
+    let guard = ledger.snapshot_guard_shared().map_err(ledger_error)?;
+    let mut remembered = None;
+    let chain = match conf_memo::recall(&ledger, &conf.name, &dir) {
+        Some(memo) => Chain {
+            snapshot: Some(memo.snapshot),
+            conf_file: Some(memo.conf_file.display().to_string()),
+            tail: memo.tail,
+        },
+        None => {
+            let (chain, memo) = load_chain(conf, &key, &ledger, &dir)?;
+            remembered = memo;
+            chain
         }
     };
-
     let now = crate::time::now();
     let rec = Record {
         network: key.network.clone(),
@@ -124,14 +100,14 @@ fn record(conf: &NetConf, args: &CmdArgs, started_boot_ns: Option<u64>) -> Resul
         cni_version: conf.cni_version.clone(),
         runtime_config: conf.runtime_config.clone(),
         ledger_type: conf.plugin_type.clone(),
-        snapshot,
-        conf_file,
+        snapshot: chain.snapshot,
+        conf_file: chain.conf_file,
         created_at: crate::time::rfc3339(now),
         // One reading of the boot clock for both: the same instant, two resolutions.
         created_boot_secs: started_boot_ns.map(|ns| ns / 1_000_000_000),
         created_boot_ns: started_boot_ns,
         add_id: add_id(),
-        tail,
+        tail: chain.tail,
         chain: None,
         gc: None,
         source: None,
@@ -140,8 +116,84 @@ fn record(conf: &NetConf, args: &CmdArgs, started_boot_ns: Option<u64>) -> Resul
     };
     ledger.write(&rec).map_err(ledger_error)?;
     drop(guard);
+    if let Some(memo) = remembered {
+        conf_memo::remember(&ledger, &conf.name, &dir, &memo, began, conf_memo::SETTLED);
+    }
     crate::info!("ADD {key}: recorded (netns {})", args.netns);
     Ok(())
+}
+
+/// What the record says of the chain the ADD ran in.
+struct Chain {
+    /// The snapshot's hash.
+    snapshot: Option<String>,
+    /// The conflist the chain came from.
+    conf_file: Option<String>,
+    /// Whether the chain holds the ledger's tail entry.
+    tail: bool,
+}
+
+const NO_CHAIN: Chain = Chain {
+    snapshot: None,
+    conf_file: None,
+    tail: false,
+};
+
+/// The chain named `conf.name` loaded from `dir` and snapshotted; and what to remember
+/// of it when the load was clean (no warning that the next ADD should repeat).
+fn load_chain(
+    conf: &NetConf,
+    key: &Key,
+    ledger: &Ledger,
+    dir: &std::path::Path,
+) -> Result<(Chain, Option<Memo>), CniError> {
+    match conflist::find(dir, &conf.name) {
+        Ok(Some(found)) if chain_includes(&found.list, &conf.plugin_type) => {
+            let clean = warn_capabilities(conf, &found.list);
+            let tail = crate::chain::holds_tail(&found.list, &conf.plugin_type);
+            // The chain as libcni v1.3 loaded it, drop-ins included, is what a replay runs.
+            let bytes = found.snapshot_bytes();
+            let hash = ledger.put_snapshot(&bytes).map_err(ledger_error)?;
+            let memo = (clean && !found.has_dropins()).then(|| Memo {
+                snapshot: hash.clone(),
+                snapshot_len: bytes.len() as u64,
+                conf_file: found.path.clone(),
+                tail,
+            });
+            let conf_file = found.path.display().to_string();
+            let chain = Chain {
+                snapshot: Some(hash),
+                conf_file: Some(conf_file),
+                tail,
+            };
+            Ok((chain, memo))
+        }
+        Ok(Some(found)) => {
+            crate::warn!(
+                "ADD {key}: {} is named {} but has no {} entry; not snapshotting it",
+                found.path.display(),
+                conf.name,
+                conf.plugin_type
+            );
+            Ok((NO_CHAIN, None))
+        }
+        Ok(None) => {
+            crate::warn!(
+                "ADD {key}: no conflist named {} in {}; recording without a snapshot",
+                conf.name,
+                dir.display()
+            );
+            Ok((NO_CHAIN, None))
+        }
+        Err(e) => {
+            // A drop-in libcni cannot parse lands here too, in libcni's words.
+            crate::warn!(
+                "ADD {key}: cannot load the chain from {}: {e:#}; recording without a snapshot",
+                dir.display()
+            );
+            Ok((NO_CHAIN, None))
+        }
+    }
 }
 
 /// Unique per ADD; needs no secrecy, only to differ from every earlier ADD of the key.
@@ -162,7 +214,9 @@ fn chain_includes(list: &Value, ledger_type: &str) -> bool {
 /// The ledger only receives capability args it declares; a later plugin's capability
 /// it lacks could not be replayed. One it declares that nobody else does would make
 /// runtimes believe the chain handles it.
-fn warn_capabilities(conf: &NetConf, list: &Value) {
+/// Returns whether it had nothing to say.
+fn warn_capabilities(conf: &NetConf, list: &Value) -> bool {
+    let mut clean = true;
     let mut others = std::collections::BTreeSet::new();
     for plugin in conflist::plugins(list) {
         if conflist::plugin_type(plugin) == conf.plugin_type {
@@ -170,6 +224,7 @@ fn warn_capabilities(conf: &NetConf, list: &Value) {
         }
         for cap in conflist::declared_capabilities(plugin) {
             if !conf.capabilities.contains(&cap) {
+                clean = false;
                 crate::warn!(
                     "network {}: plugin {} declares capability {cap} that cni-ledger does not; its args cannot be replayed",
                     conf.name,
@@ -181,10 +236,12 @@ fn warn_capabilities(conf: &NetConf, list: &Value) {
     }
     for cap in &conf.capabilities {
         if !others.contains(cap) {
+            clean = false;
             crate::warn!(
                 "network {}: cni-ledger declares capability {cap} that no other plugin declares; remove it",
                 conf.name
             );
         }
     }
+    clean
 }

@@ -2,6 +2,7 @@
 //! them as libcni's skel does, runs one command, prints CNI JSON on stdout.
 
 mod add;
+mod conf_memo;
 mod del;
 mod gc_verb;
 mod status;
