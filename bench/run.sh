@@ -112,6 +112,12 @@ done
 
 start_all=$(date +%s)
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+# The 1-minute load average at the start and end of each measurement, shown beside its
+# rows: a ratio from a loaded minute is pulled towards 1.
+declare -A LOAD
+load_now() { cut -d' ' -f1 /proc/loadavg; }
+load_begin() { load_at=$(load_now); }
+load_end() { local m; for m in "$@"; do LOAD[$m]="$load_at → $(load_now)"; done; }
 tag=$$
 B=$BENCH_DIR
 build=$repo/target/bench
@@ -302,6 +308,7 @@ spec_cli() { # name args...
 
 # ------------------------------------------------------------- 1 + 3: exec-level ADD
 if want 1 || want 3; then
+	load_begin
 	log "1+3: ledger ADD vs Go plugin vs floor, 10 vs $BIG records ($RUNS_EXEC rounds)"
 	{
 		spec_ledger add-10 "$LEDGER" "$B/add-10.json" "b$tag-" "/run/netns/$C1"
@@ -337,10 +344,12 @@ EOF
 	} >"$B/spec-exec"
 	"$HARNESS" -n "$RUNS_EXEC" -w 10 -o "$R/exec.tsv" "$B/spec-exec"
 	[ "$(find "$B/ledger10/records" -name '*.json' | wc -l)" = 10 ] || die "ledger10 did not return to 10 records"
+	load_end 1 3
 fi
 
 # ----------------------------------------------------------------------- 5: gc/list
 if want 5; then
+	load_begin
 	log "5: gc and list over $BIG and $MID live records ($RUNS_BIG rounds)"
 	{
 		for n in big mid; do
@@ -353,16 +362,20 @@ if want 5; then
 	live_big=$(inhost "$LEDGER" gc --ledger-dir "$B/ledger-big" --grace 0 --json --cni-cache-dir "$B/cache" 2>/dev/null |
 		python3 -c 'import json,sys; s=json.load(sys.stdin)["summary"]; print(s["live"], s["stale"])')
 	[ "$live_big" = "$BIG 0" ] || die "the big ledger is not $BIG live / 0 stale: $live_big"
+	load_end 5
 fi
 
 # ------------------------------------------------------------------- 6: the agent
 if want 6; then
+	load_begin
 	log "6: the agent: $AGENT_REWRITES rewrites, then ${AGENT_IDLE}s idle"
 	inhost python3 "$here/agent_bench.py" "$LEDGER" "$B/agent" "$AGENT_IDLE" "$AGENT_REWRITES" >"$R/agent.rows"
+	load_end 6
 fi
 
 # ----------------------------------------------------------------- 2: chain ADD
 if want 2; then
+	load_begin
 	log "2: chain ADD through libcni with and without the ledger ($RUNS_CHAIN rounds)"
 	{
 		spec_driver chain-ledger "$B/conf-l" chainl "l$tag-"
@@ -373,6 +386,7 @@ if want 2; then
 		spec_driver chain-lastwrite "$B/conf-w" chainw "w$tag-"
 	} >"$B/spec-chain"
 	inhost "$HARNESS" -n "$RUNS_CHAIN" -w 3 -o "$R/chain.tsv" "$B/spec-chain"
+	load_end 2
 fi
 
 # ------------------------------------------------------------- 4: gc vs DEL loop
@@ -408,6 +422,7 @@ setup_stale() { # set: ADD GC_N attachments, one netns each, then delete the nam
 }
 
 if want 4; then
+	load_begin
 	log "4: setting up $GC_N stale attachments (ADD through libcni, netns deleted)"
 	setup_stale a
 	log "4: timing gc --jobs $GC_JOBS"
@@ -430,6 +445,7 @@ EOF
 	printf 'variant del-loop\narg /bin/bash\narg %s\n' "$B/del-loop.sh" >"$B/spec-loop"
 	inhost "$HARNESS" -n 1 -w 0 -o "$R/loop.tsv" "$B/spec-loop"
 	loop_clean="$(records)/$(leases)/$(dnat_chains)"
+	load_end 4
 fi
 
 # ------------------------------------------------------------------------ table
@@ -566,7 +582,10 @@ cat <<EOF
 
 ### cni-ledger benchmark — $(date -u +%Y-%m-%dT%H:%MZ), $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$repo" diff --quiet -- src Cargo.toml 2>/dev/null || echo '+dirty'), $(uname -r), $(nproc) cores, $(df -T "$B" | awk 'NR==2{print $2}') at $B, load avg $load_start → $(cut -d' ' -f1-3 /proc/loadavg), ${elapsed}s$([ "${QUICK:-0}" = 1 ] && echo ", QUICK")
 
-| # | measurement | A (median) | B (median) | A/B wall [95% CI] | A/B CPU | target | result |
-|---|---|---|---|---|---|---|---|
+| # | measurement | A (median) | B (median) | A/B wall [95% CI] | A/B CPU | target | result | load (1 min) |
+|---|---|---|---|---|---|---|---|---|
 EOF
-printf '%s\n' "${rows[@]}"
+for row in "${rows[@]}"; do
+	m=$(sed -E 's/^\| ([0-9]).*/\1/' <<<"$row")
+	printf '%s %s |\n' "$row" "${LOAD[$m]:-}"
+done

@@ -49,11 +49,12 @@ sleep 4
 plugin() { CNI_CONTAINERID=$1 CNI_NETNS=/run/netns/$NS CNI_IFNAME=eth0 CNI_PATH=/usr/lib/cni "${@:2}"; }
 CNI_COMMAND=ADD plugin order-warm "$bin" <"$W/head-add.json" >/dev/null
 CNI_COMMAND=DEL plugin order-warm "$bin" <"$W/head-add.json" >/dev/null
-[ -e "$W/ledger/snapshots/.conf-memo.ordernet" ] || { echo "gen-link-order: the conflist was not remembered" >&2; exit 1; }
+memo=$(find "$W/ledger/snapshots" -name '.conf-memo.ordernet.*')
+[ -n "$memo" ] || { echo "gen-link-order: the conflist was not remembered" >&2; exit 1; }
 
 : >"$W/order"
 for step in ADD:head-add ADD:tail DEL:tail DEL:head-del ADD:head-add-full; do
-	[ "${step#*:}" != head-add-full ] || { rm "$W/ledger/snapshots/.conf-memo.ordernet"; step=ADD:head-add; }
+	[ "${step#*:}" != head-add-full ] || { rm "$memo"; step=ADD:head-add; }
 	CNI_COMMAND=${step%%:*} plugin order0123456789 valgrind -q --tool=callgrind --demangle=no \
 		--callgrind-out-file="$W/cg.out" "$bin" <"$W/${step#*:}.json" >"$W/out" ||
 		{ echo "gen-link-order: $step failed: $(cat "$W/out")" >&2; exit 1; }

@@ -346,10 +346,19 @@ fn add_records_the_chain_as_it_is_now_when_the_conflist_is_remembered() {
     let conflist = w.write_conflist(&[w.host_local_entry("10.90.7.0/24"), tail]);
     // Older than the memo's settling time, as a node's conflist is.
     std::thread::sleep(std::time::Duration::from_millis(3300));
-    let memo = w
-        .ledger
-        .join("snapshots")
-        .join(format!(".conf-memo.{}", w.network));
+    let memo = || {
+        let prefix = format!(".conf-memo.{}.", w.network);
+        fs::read_dir(w.ledger.join("snapshots"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with(&prefix)
+            })
+            .expect("the settled conflist remembered")
+    };
     let snapshot_of = |cid: &str| {
         let rec = w.record(cid, "eth0").expect("a record after ADD");
         assert_eq!(rec["tail"], json!(true), "{rec}");
@@ -361,12 +370,12 @@ fn add_records_the_chain_as_it_is_now_when_the_conflist_is_remembered() {
     let a = w.add("c1", &w.conf("1.0.0"));
     assert_eq!(a.status, 0, "{a}");
     assert_eq!(snapshot_of("c1"), fs::read_to_string(&conflist).unwrap());
-    let remembered = fs::metadata(&memo).expect("the settled conflist remembered");
+    let remembered = fs::metadata(memo()).unwrap();
     let a = w.add("c2", &w.conf("1.0.0"));
     assert_eq!(a.status, 0, "{a}");
     assert_eq!(snapshot_of("c2"), fs::read_to_string(&conflist).unwrap());
     assert_eq!(
-        fs::metadata(&memo).unwrap().modified().unwrap(),
+        fs::metadata(memo()).unwrap().modified().unwrap(),
         remembered.modified().unwrap(),
         "the memo was recalled, not written again"
     );

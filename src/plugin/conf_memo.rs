@@ -15,7 +15,7 @@
 //! a record; it is written fsynced and renamed into place, so it is whole or absent.
 
 use crate::conflist;
-use crate::ledger::{fsio, Ledger};
+use crate::ledger::{fsio, record, Ledger};
 use nix::sys::statfs;
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -112,20 +112,24 @@ fn read_small(path: &Path) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-fn memo_path(ledger: &Ledger, network: &str) -> PathBuf {
-    ledger.snapshots_dir().join(memo_name(network))
+fn memo_path(ledger: &Ledger, network: &str, conf_dir: &Path) -> PathBuf {
+    ledger.snapshots_dir().join(memo_name(network, conf_dir))
 }
 
-fn memo_name(network: &str) -> String {
-    // Not `.json`: the snapshot sweep and `verify` look at `<hash>.json` names only.
-    format!(".conf-memo.{network}")
+/// One memo per network and conf dir: two runtimes' conf dirs naming the same network
+/// do not overwrite each other's. Not `.json`: the snapshot sweep and `verify` look at
+/// `<hash>.json` names only.
+fn memo_name(network: &str, conf_dir: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let dir_hash = record::sha256_hex(conf_dir.as_os_str().as_bytes());
+    format!(".conf-memo.{network}.{}", &dir_hash[..16])
 }
 
 /// The memo of `network` loaded from `conf_dir`, if every identity it names is still
 /// the kernel's and its snapshot is in place. Call with the snapshot guard held, so
 /// that a sweep cannot remove the snapshot before the record naming it is written.
 pub fn recall(ledger: &Ledger, network: &str, conf_dir: &Path) -> Option<Memo> {
-    let bytes = read_small(&memo_path(ledger, network)).ok()?;
+    let bytes = read_small(&memo_path(ledger, network, conf_dir)).ok()?;
     let text = std::str::from_utf8(&bytes).ok()?;
     let mut lines = text.lines();
     (lines.next()? == MAGIC).then_some(())?;
@@ -187,7 +191,7 @@ pub fn remember(
     settled: Duration,
 ) {
     if let Some(text) = describe(network, conf_dir, memo, began - settled) {
-        let name = memo_name(network);
+        let name = memo_name(network, conf_dir);
         if let Err(e) =
             fsio::replace_atomic(&ledger.snapshots_dir(), &name, text.as_bytes(), "memo")
         {
@@ -251,7 +255,8 @@ fn describe(network: &str, conf_dir: &Path, memo: &Memo, limit: SystemTime) -> O
         text += &format!("absent {}\n", utf8(&dropins)?);
     }
     text += "end\n";
-    Some(text)
+    // What `recall` would refuse to read is not written.
+    (text.len() < MAX_MEMO).then_some(text)
 }
 
 #[cfg(test)]
@@ -343,7 +348,7 @@ mod tests {
         let w = world("memo-racy");
         remember_now(&w, SETTLED);
         assert_eq!(recall(&w.ledger, "net", &w.conf), None);
-        assert!(!memo_path(&w.ledger, "net").exists());
+        assert!(!memo_path(&w.ledger, "net", &w.conf).exists());
     }
 
     #[test]
@@ -364,7 +369,7 @@ mod tests {
         let w = world("memo-damaged");
         settle();
         remember_now(&w, SHORT);
-        let path = memo_path(&w.ledger, "net");
+        let path = memo_path(&w.ledger, "net", &w.conf);
         let text = std::fs::read_to_string(&path).unwrap();
         for cut in [text.len() - 4, text.len() / 2, 10] {
             std::fs::write(&path, &text[..cut]).unwrap();
