@@ -18,6 +18,7 @@
 //! operator of such a node needs to see: the configured chain is not the one that runs.
 
 use crate::conflist;
+use crate::ledger::fsio::FileId;
 use anyhow::{bail, Context, Result};
 use serde_json::{Map, Value};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -330,29 +331,6 @@ fn parent_dir(path: &Path) -> &Path {
     path.parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."))
-}
-
-/// Which file, in which state: a change of any of these is another writer's work
-/// (timestamps are coarse, so bytes are compared as well).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FileId {
-    dev: u64,
-    ino: u64,
-    len: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
-}
-
-impl FileId {
-    fn of(m: &std::fs::Metadata) -> FileId {
-        FileId {
-            dev: m.dev(),
-            ino: m.ino(),
-            len: m.len(),
-            mtime: (m.mtime(), m.mtime_nsec()),
-            ctime: (m.ctime(), m.ctime_nsec()),
-        }
-    }
 }
 
 /// A conflist as read for an edit: the bytes, and the file they were read from.

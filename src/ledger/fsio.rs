@@ -11,6 +11,31 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Prefix of temporary files; scans skip them and `verify` reports leftovers.
 pub const TMP_PREFIX: &str = ".tmp.";
 
+/// Which file, in which state, as `stat` gives it: a change of any field is a change of
+/// the file (a write, a rename over it, a chmod). Timestamps are coarse: a user that
+/// must see every change also compares bytes or lets the ctime settle first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileId {
+    pub dev: u64,
+    pub ino: u64,
+    pub len: u64,
+    pub mtime: (i64, i64),
+    pub ctime: (i64, i64),
+}
+
+impl FileId {
+    pub fn of(m: &std::fs::Metadata) -> FileId {
+        use std::os::unix::fs::MetadataExt;
+        FileId {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        }
+    }
+}
+
 /// Names the path an I/O error is about, in the spirit of netavark's `fs_err!`: a bare
 /// "Permission denied" from deep in a write does not say which of five files it was.
 /// The kind is kept, so callers can still match on it.

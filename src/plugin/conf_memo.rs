@@ -15,10 +15,10 @@
 //! a record; it is written fsynced and renamed into place, so it is whole or absent.
 
 use crate::conflist;
-use crate::ledger::{fsio, record, Ledger};
+use crate::ledger::fsio::{self, FileId};
+use crate::ledger::{record, Ledger};
 use nix::sys::statfs;
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -42,57 +42,39 @@ pub struct Memo {
     pub tail: bool,
 }
 
-/// The kernel's identity of one file (symlinks followed, as `find` follows them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Identity {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
+/// The identity of `path` as `find` reads it: symlinks followed.
+fn identity(path: &Path) -> io::Result<FileId> {
+    std::fs::metadata(path).map(|m| FileId::of(&m))
 }
 
-impl Identity {
-    fn of(path: &Path) -> io::Result<Identity> {
-        let m = std::fs::metadata(path)?;
-        Ok(Identity {
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.size(),
-            mtime: (m.mtime(), m.mtime_nsec()),
-            ctime: (m.ctime(), m.ctime_nsec()),
-        })
-    }
+fn settled_before(id: &FileId, limit: SystemTime) -> bool {
+    let Ok(limit) = limit.duration_since(SystemTime::UNIX_EPOCH) else {
+        return false;
+    };
+    id.ctime < (limit.as_secs() as i64, i64::from(limit.subsec_nanos()))
+}
 
-    fn settled_before(&self, limit: SystemTime) -> bool {
-        let Ok(limit) = limit.duration_since(SystemTime::UNIX_EPOCH) else {
-            return false;
-        };
-        let limit = (limit.as_secs() as i64, i64::from(limit.subsec_nanos()));
-        self.ctime < limit
-    }
+/// One line of the memo: the tag, the identity's seven numbers, then the path.
+fn id_line(tag: &str, id: &FileId, path: &str) -> String {
+    format!(
+        "{tag} {} {} {} {} {} {} {} {path}\n",
+        id.dev, id.ino, id.len, id.mtime.0, id.mtime.1, id.ctime.0, id.ctime.1
+    )
+}
 
-    fn line(&self, tag: &str, path: &str) -> String {
-        format!(
-            "{tag} {} {} {} {} {} {} {} {path}\n",
-            self.dev, self.ino, self.size, self.mtime.0, self.mtime.1, self.ctime.0, self.ctime.1
-        )
-    }
-
-    /// Parses what `line` wrote after the tag: seven numbers, then the path.
-    fn parse(rest: &str) -> Option<(Identity, &str)> {
-        let mut it = rest.splitn(8, ' ');
-        let mut n = || it.next()?.parse::<i64>().ok();
-        let id = Identity {
-            dev: u64::try_from(n()?).ok()?,
-            ino: u64::try_from(n()?).ok()?,
-            size: u64::try_from(n()?).ok()?,
-            mtime: (n()?, n()?),
-            ctime: (n()?, n()?),
-        };
-        let path = it.next().filter(|p| !p.is_empty())?;
-        Some((id, path))
-    }
+/// Parses what `id_line` wrote after the tag.
+fn parse_id(rest: &str) -> Option<(FileId, &str)> {
+    let mut it = rest.splitn(8, ' ');
+    let mut n = || it.next()?.parse::<i64>().ok();
+    let id = FileId {
+        dev: u64::try_from(n()?).ok()?,
+        ino: u64::try_from(n()?).ok()?,
+        len: u64::try_from(n()?).ok()?,
+        mtime: (n()?, n()?),
+        ctime: (n()?, n()?),
+    };
+    let path = it.next().filter(|p| !p.is_empty())?;
+    Some((id, path))
 }
 
 /// A small file, read without a stat for a size hint or a zeroed buffer. A symlink is
@@ -160,8 +142,8 @@ pub fn recall(ledger: &Ledger, network: &str, conf_dir: &Path) -> Option<Memo> {
             if tag != "dir" && tag != "file" {
                 return None;
             }
-            let (id, path) = Identity::parse(rest)?;
-            if Identity::of(Path::new(path)).ok()? != id {
+            let (id, path) = parse_id(rest)?;
+            if identity(Path::new(path)).ok()? != id {
                 return None;
             }
         }
@@ -228,16 +210,16 @@ fn describe(network: &str, conf_dir: &Path, memo: &Memo, limit: SystemTime) -> O
         utf8(&memo.conf_file)?,
         u8::from(memo.tail)
     );
-    let dir = Identity::of(conf_dir).ok()?;
-    dir.settled_before(limit).then_some(())?;
-    text += &dir.line("dir", &dir_s);
+    let dir = identity(conf_dir).ok()?;
+    settled_before(&dir, limit).then_some(())?;
+    text += &id_line("dir", &dir, &dir_s);
     // Every entry `find` looked at up to the conflist it took: one changed to carry the
     // network's name would have been taken instead.
     let mut found = false;
     for (path, _) in conflist::candidates(conf_dir).ok()? {
-        let id = Identity::of(&path).ok()?;
-        (id.dev == dir.dev && id.settled_before(limit)).then_some(())?;
-        text += &id.line("file", &utf8(&path)?);
+        let id = identity(&path).ok()?;
+        (id.dev == dir.dev && settled_before(&id, limit)).then_some(())?;
+        text += &id_line("file", &id, &utf8(&path)?);
         if path == memo.conf_file {
             found = true;
             break;
