@@ -28,8 +28,9 @@
 #      which is what any extra plugin costs libcni. 2c: the same chain with the ledger's
 #      head and its tail entry (docs/CHAIN.md) vs the head alone: what the tail costs.
 #      2d: the head with a do-nothing C plugin last instead of the tail (what libcni charges
-#      any last entry); 2e: a C plugin last that rewrites one file durably as the tail
-#      amends a record (noop-plugin.c -DREWRITE): the tail's floor.
+#      any last entry); 2e: a C plugin last that rewrites one file as the tail writes its
+#      note, unflushed (noop-plugin.c -DREWRITE): the tail's floor; 2f: the same with an
+#      fsync before the rename (-DREWRITE_SYNC): what one durable write costs in a chain.
 #   3. ledger ADD with 100,000 existing records vs. with 10 (records made by
 #      bench/gen_records.py: valid, checksummed, correctly named, with their lock files).
 #   4. `cni-ledger gc --grace 0 --jobs $GC_JOBS` replaying N stale attachments (ADD
@@ -185,7 +186,7 @@ DW=$build/durable-write
 
 # ---------------------------------------------------------------------------- world
 rm -rf "$B"
-mkdir -p "$B"/{results,bin,cache,floor,conf-m1,conf-l,conf-p,conf-g,conf-t,conf-x,conf-w,ipam}
+mkdir -p "$B"/{results,bin,cache,floor,conf-m1,conf-l,conf-p,conf-g,conf-t,conf-x,conf-w,conf-s,ipam}
 chmod 700 "$B"
 R=$B/results
 # A copy, not a symlink: a concurrent `cargo build` must not swap the binary mid-run.
@@ -194,6 +195,7 @@ LEDGER=$B/bin/cni-ledger
 cp "$build/noop-plugin" "$B/bin/noop"
 mkdir -p "$B/rewrite"
 gcc -O2 -Wall -DREWRITE="\"$B/rewrite/record.json\"" -o "$B/bin/rewrite" "$here/noop-plugin.c"
+gcc -O2 -Wall -DREWRITE_SYNC -DREWRITE="\"$B/rewrite/synced.json\"" -o "$B/bin/rewrite-sync" "$here/noop-plugin.c"
 CNI_PATH_ALL=$B/bin:/usr/lib/cni
 
 ip netns add "$HOST"
@@ -240,9 +242,12 @@ conflist chaint "$(ledger_entry "$B/ledger-tail" "$B/conf-t")" "$(bridge_entry c
 # entry, the tail's floor,
 conflist chainx "$(ledger_entry "$B/ledger-x" "$B/conf-x")" "$(bridge_entry cbx$tag 198.18.5.0/24)" "$PORTMAP" \
 	'{"type":"noop"}' >"$B/conf-x/10-chainx.conflist"
-# ... with the head and a C plugin last that makes one rewrite durable as the tail does (2e),
+# ... with the head and a C plugin last that rewrites one file as the tail writes its note (2e),
 conflist chainw "$(ledger_entry "$B/ledger-w" "$B/conf-w")" "$(bridge_entry cbw$tag 198.18.6.0/24)" "$PORTMAP" \
 	'{"type":"rewrite"}' >"$B/conf-w/10-chainw.conflist"
+# ... and one that makes that rewrite durable (2f),
+conflist chains "$(ledger_entry "$B/ledger-s" "$B/conf-s")" "$(bridge_entry cbs$tag 198.18.7.0/24)" "$PORTMAP" \
+	'{"type":"rewrite-sync"}' >"$B/conf-s/10-chains.conflist"
 # ... and with a do-nothing C plugin in the ledger's place: libcni's cost of one more plugin.
 mkdir -p "$B/conf-n"
 conflist chainn '{"type":"noop"}' "$(bridge_entry cbn$tag 198.18.3.0/24)" "$PORTMAP" >"$B/conf-n/10-chainn.conflist"
@@ -384,6 +389,7 @@ if want 2; then
 		spec_driver chain-tail "$B/conf-t" chaint "t$tag-"
 		spec_driver chain-lastnoop "$B/conf-x" chainx "x$tag-"
 		spec_driver chain-lastwrite "$B/conf-w" chainw "w$tag-"
+		spec_driver chain-lastsync "$B/conf-s" chains "s$tag-"
 	} >"$B/spec-chain"
 	inhost "$HARNESS" -n "$RUNS_CHAIN" -w 3 -o "$R/chain.tsv" "$B/spec-chain"
 	load_end 2
@@ -532,7 +538,12 @@ if want 2; then
 	read -r rw lw hw <<<"$(ratio "$R/chain.tsv" chain-lastwrite chain-ledger)"
 	read -r cw _ _ <<<"$(ratio "$R/chain.tsv" chain-lastwrite chain-ledger cpu)"
 	dw=$(py "print(float(a[0]) - float(a[1]))" "$chw" "$chl")
-	rows+=("| 2e | (the tail's floor) the head's chain with a C plugin last that rewrites one file durably as the tail does vs the head alone, $(sms "$dw") median | $(ms "$chw") | $(ms "$chl") | $(xci "$rw" "$lw" "$hw") | $(x "$cw") | | |")
+	rows+=("| 2e | (the tail's floor) the head's chain with a C plugin last that rewrites one file as the tail writes its note (no fsync) vs the head alone, $(sms "$dw") median | $(ms "$chw") | $(ms "$chl") | $(xci "$rw" "$lw" "$hw") | $(x "$cw") | | |")
+	read -r chs _ _ _ _ _ <<<"$(med "$R/chain.tsv" chain-lastsync)"
+	read -r rs ls hs <<<"$(ratio "$R/chain.tsv" chain-lastsync chain-ledger)"
+	read -r cs _ _ <<<"$(ratio "$R/chain.tsv" chain-lastsync chain-ledger cpu)"
+	ds=$(py "print(float(a[0]) - float(a[1]))" "$chs" "$chl")
+	rows+=("| 2f | (context) the same C plugin with an fsync before its rename (one durable write, as the tail made before it wrote notes) vs the head alone, $(sms "$ds") median | $(ms "$chs") | $(ms "$chl") | $(xci "$rs" "$ls" "$hs") | $(x "$cs") | | |")
 else
 	rows+=("$(skipped 2 "chain ADD with vs without the ledger" "≤ 1.03×")")
 fi

@@ -68,11 +68,21 @@ fn probe_log(f: &Fixture) -> String {
 }
 
 /// The record of `cid`/eth0 as stored (its `record` object).
+/// The record as stored, with the tail's note on its ADD (`notes/<stem>.json`, read by
+/// hand as the format says) in its `chain`.
 fn record(f: &Fixture, cid: &str) -> Value {
-    let bytes = fs::read(f.record_path(cid, "eth0"))
-        .unwrap_or_else(|e| panic!("no record for {cid}: {e}\nlog:\n{}", f.log()));
+    let path = f.record_path(cid, "eth0");
+    let bytes =
+        fs::read(&path).unwrap_or_else(|e| panic!("no record for {cid}: {e}\nlog:\n{}", f.log()));
     let v: Value = serde_json::from_slice(&bytes).unwrap();
-    v["record"].clone()
+    let mut rec = v["record"].clone();
+    let note = f.ledger_dir.join("notes").join(path.file_name().unwrap());
+    if let Ok(bytes) = fs::read(&note) {
+        let v: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(v["note"]["addId"], rec["addId"], "{v:#}");
+        rec["chain"] = v["note"]["chain"].clone();
+    }
+    rec
 }
 
 fn list_row_with(f: &Fixture, cid: &str, extra: &[&str]) -> Value {
@@ -102,6 +112,10 @@ fn the_tail_completes_the_record_with_the_result_and_the_time_the_chain_took() {
     let rec = record(&f, cid);
     assert_eq!(rec["tail"], json!(true), "{rec:#}");
     assert!(rec["createdBootNs"].as_u64().is_some(), "{rec:#}");
+    // The head's write-ahead record is never rewritten: the tail's part is its note.
+    let stored: Value =
+        serde_json::from_slice(&fs::read(f.record_path(cid, "eth0")).unwrap()).unwrap();
+    assert!(stored["record"].get("chain").is_none(), "{stored:#}");
     let chain = &rec["chain"];
     let secs = chain["addSeconds"]
         .as_f64()

@@ -1,8 +1,9 @@
 //! The chain's metrics, from the ledger's `records/` directory as it changes (inotify),
 //! never by polling every record (docs/ALERTS.md, the chain's spec):
 //!
-//! - a record written (`IN_CLOSE_WRITE`, `IN_MOVED_TO`: the ledger writes by rename) is
-//!   read once; the first time its ADD shows completed by the tail (`chain.completedBootNs`)
+//! - a record or the tail's note on it written (`IN_CLOSE_WRITE`, `IN_MOVED_TO`: the
+//!   ledger writes by rename; notes in `notes/`, watched beside `records/`) is read once
+//!   with its note; the first time its ADD shows completed by the tail (`chain.completedBootNs`)
 //!   its duration is observed in `cni_ledger_chain_add_duration_seconds` and counted
 //!   `ok`, once per key and ADD (`addId`);
 //! - a record removed (`IN_DELETE`, `IN_MOVED_FROM`) that had `tail: true` and never
@@ -24,10 +25,11 @@ use crate::ledger::Ledger;
 use crate::metrics::chain::{boot_ns, list, read_view, stem, Now, View};
 use crate::metrics::{Metrics, CHAIN_FAILED_LEFT, CHAIN_FAILED_TORN_DOWN, CHAIN_OK};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::AsFd;
-use std::path::Path;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 pub use crate::metrics::chain::DEFAULT_LEFT_AFTER_SECS;
@@ -199,25 +201,49 @@ pub enum Drained {
     Lost,
 }
 
-/// An inotify watch of `records/`.
+/// Why a directory could not be watched (yet: `records/` is made by the first ADD).
+#[derive(Debug)]
+pub struct ArmError(PathBuf, std::io::Error);
+
+impl std::fmt::Display for ArmError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cannot watch {}: {}", self.0.display(), self.1)
+    }
+}
+
+/// An inotify watch of the ledger's `records/` and `notes/`.
 pub struct Watch {
     inotify: Inotify,
+    notes: WatchDescriptor,
 }
 
 impl Watch {
-    pub fn arm(records: &Path) -> nix::Result<Watch> {
-        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
-        inotify.add_watch(
-            records,
-            AddWatchFlags::IN_CLOSE_WRITE
-                | AddWatchFlags::IN_MOVED_TO
-                | AddWatchFlags::IN_DELETE
-                | AddWatchFlags::IN_MOVED_FROM
-                | AddWatchFlags::IN_DELETE_SELF
-                | AddWatchFlags::IN_MOVE_SELF
-                | AddWatchFlags::IN_ONLYDIR,
-        )?;
-        Ok(Watch { inotify })
+    /// Watches `records/`, and `notes/` (made here if no tail has written yet: a watch
+    /// needs the directory).
+    pub fn arm(ledger: &Ledger) -> Result<Watch, ArmError> {
+        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+            .map_err(|e| ArmError(ledger.records_dir(), e.into()))?;
+        let gone_self =
+            AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_MOVE_SELF | AddWatchFlags::IN_ONLYDIR;
+        let written = AddWatchFlags::IN_CLOSE_WRITE | AddWatchFlags::IN_MOVED_TO;
+        let records = ledger.records_dir();
+        inotify
+            .add_watch(
+                &records,
+                written | AddWatchFlags::IN_DELETE | AddWatchFlags::IN_MOVED_FROM | gone_self,
+            )
+            .map_err(|e| ArmError(records, e.into()))?;
+        let notes = ledger.notes_dir();
+        if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(&notes) {
+            if e.kind() != std::io::ErrorKind::AlreadyExists {
+                return Err(ArmError(notes, e));
+            }
+        }
+        // A note's removal says nothing: the record's removal is the DEL's end.
+        let notes = inotify
+            .add_watch(&notes, written | gone_self)
+            .map_err(|e| ArmError(notes, e.into()))?;
+        Ok(Watch { inotify, notes })
     }
 
     /// Hands pending events to `tracker`.
@@ -246,9 +272,10 @@ impl Watch {
                     continue;
                 };
                 let Some(stem) = stem(name) else { continue };
-                if ev
-                    .mask
-                    .intersects(AddWatchFlags::IN_DELETE | AddWatchFlags::IN_MOVED_FROM)
+                if ev.wd != self.notes
+                    && ev
+                        .mask
+                        .intersects(AddWatchFlags::IN_DELETE | AddWatchFlags::IN_MOVED_FROM)
                 {
                     tracker.removed(stem, at);
                 } else {
@@ -274,7 +301,7 @@ pub fn run(
 ) {
     let ledger = Ledger::at(ledger_dir);
     let records = ledger.records_dir();
-    let mut tracker = Tracker::new(ledger, metrics, left_after_secs);
+    let mut tracker = Tracker::new(ledger.clone(), metrics, left_after_secs);
     let mut watch: Option<Watch> = None;
     let mut warned = false;
     // A listing at start only learns: what completed before the agent watched is not
@@ -285,7 +312,7 @@ pub fn run(
     loop {
         liveness.beat(&liveness.chain);
         if watch.is_none() {
-            match Watch::arm(&records) {
+            match Watch::arm(&ledger) {
                 Ok(w) => {
                     // Armed before listing: nothing written in between is missed.
                     tracker.resync(observe);
@@ -299,10 +326,7 @@ pub fn run(
                 }
                 Err(e) if !warned => {
                     observe = true;
-                    crate::info!(
-                        "agent: cannot watch {} yet ({e}); chain metrics start once it exists",
-                        records.display()
-                    );
+                    crate::info!("agent: {e}; chain metrics start once it exists");
                     warned = true;
                 }
                 Err(_) => observe = true,
@@ -532,7 +556,7 @@ mod tests {
         let (_d, l) = ledger("inotify");
         let m = Metrics::new();
         let mut t = Tracker::new(l.clone(), &m, DEFAULT_LEFT_AFTER_SECS);
-        let w = Watch::arm(&l.records_dir()).unwrap();
+        let w = Watch::arm(&l).unwrap();
         t.resync(false);
         // Stamps in the past: a DEL's duration is measured up to its removal's event.
         let start = boot_ns().unwrap() - 30_000_000;
@@ -586,5 +610,53 @@ mod tests {
         t.resync(true);
         assert_eq!(adds(&m, CHAIN_OK), 2);
         assert_eq!(adds(&m, CHAIN_FAILED_TORN_DOWN), 2);
+    }
+
+    #[test]
+    fn the_tails_notes_are_watched_beside_the_records() {
+        let (_d, l) = ledger("notes");
+        let m = Metrics::new();
+        let mut t = Tracker::new(l.clone(), &m, DEFAULT_LEFT_AFTER_SECS);
+        let w = Watch::arm(&l).unwrap();
+        t.resync(false);
+        let drain = |t: &mut Tracker| {
+            let mut fds = [PollFd::new(w.as_fd(), PollFlags::POLLIN)];
+            let _ = nix::poll::poll(&mut fds, PollTimeout::from(1000u16));
+            assert_eq!(w.drain(t), Drained::Done);
+        };
+        let start = boot_ns().unwrap() - 30_000_000;
+        let stem = write(
+            &l,
+            "c1",
+            "a1",
+            json!({"tail": true, "createdBootNs": start}),
+        );
+        drain(&mut t);
+        assert_eq!(adds(&m, CHAIN_OK), 0, "the head's record alone is pending");
+        let Some(crate::ledger::Decoded::Ok(rec)) = l.read(&stem).unwrap() else {
+            panic!("no record")
+        };
+        let mut chain = crate::ledger::record::ChainNote {
+            completed_boot_ns: Some(start + 10_000_000),
+            ..Default::default()
+        };
+        l.put_note(&rec, &chain).unwrap();
+        drain(&mut t);
+        assert_eq!(adds(&m, CHAIN_OK), 1, "the tail's note completes it");
+        let add = m.chain_add_duration.with_label_values(&["net1"]);
+        assert_eq!(add.get_sample_count(), 1);
+        assert!((add.get_sample_sum() - 0.01).abs() < 1e-9);
+        chain.del_began_boot_ns = Some(start + 20_000_000);
+        l.put_note(&rec, &chain).unwrap();
+        drain(&mut t);
+        // The record goes, then its note: one DEL measured from the note's start.
+        l.remove(&stem).unwrap();
+        drain(&mut t);
+        assert!(t.is_empty());
+        assert_eq!(adds(&m, CHAIN_OK), 1);
+        assert_eq!(adds(&m, CHAIN_FAILED_TORN_DOWN), 0);
+        let del = m.chain_del_duration.with_label_values(&["net1"]);
+        assert_eq!(del.get_sample_count(), 1);
+        assert!(del.get_sample_sum() >= 0.01, "{}", del.get_sample_sum());
     }
 }

@@ -291,6 +291,10 @@ fn scan(
         if n > 0 {
             crate::info!("gc: removed {n} temporary file(s) left by interrupted writes");
         }
+        let n = ledger.remove_orphan_notes();
+        if n > 0 {
+            crate::info!("gc: removed {n} tail note(s) whose record is gone");
+        }
     }
     report.summary.stale = candidates.len();
     Ok((candidates, tallies))

@@ -112,6 +112,22 @@ pub fn replace_atomic(dir: &Path, name: &str, bytes: &[u8], what: &str) -> io::R
     rename_into_place(dir, name, bytes, what, 0o600)
 }
 
+/// For notes whose loss costs nothing a replay needs (the tail entry's chain notes,
+/// `Ledger::put_note`): a temp file renamed over `dir/name`, neither flushed. Readers
+/// see the old file or the new one whole; after a power cut the name may hold the old
+/// bytes, the new, or an empty or torn file (XFS, for one, logs the rename before the
+/// data), so its reader must take anything it cannot decode for no note at all.
+pub fn replace_unsynced(dir: &Path, name: &str, bytes: &[u8], what: &str) -> io::Result<()> {
+    let tmp = create_temp(dir, name, bytes, what, 0o600, false)?;
+    let target = dir.join(name);
+    std::fs::rename(&tmp, &target).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        at("renaming over", &target)(e)
+    })?;
+    crash_point(&format!("{what}.renamed"));
+    Ok(())
+}
+
 /// A fsynced temp file with `bytes`, renamed over `dir/name`: both writes' first half.
 fn rename_into_place(
     dir: &Path,
@@ -146,6 +162,18 @@ pub fn write_temp(
     what: &str,
     mode: u32,
 ) -> io::Result<std::path::PathBuf> {
+    create_temp(dir, name, bytes, what, mode, true)
+}
+
+/// `write_temp`, its fsync left out when `sync` is false.
+fn create_temp(
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+    what: &str,
+    mode: u32,
+    sync: bool,
+) -> io::Result<std::path::PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let mut tries = 0;
@@ -177,8 +205,10 @@ pub fn write_temp(
         }
         f.write_all(bytes).map_err(at("writing", &tmp))?;
         crash_point(&format!("{what}.tmp-written"));
-        f.sync_all().map_err(at("fsync", &tmp))?;
-        crash_point(&format!("{what}.tmp-synced"));
+        if sync {
+            f.sync_all().map_err(at("fsync", &tmp))?;
+            crash_point(&format!("{what}.tmp-synced"));
+        }
         Ok(())
     })();
     if let Err(e) = result {

@@ -6,13 +6,17 @@
 //!   snapshots/<sha256>.json      exact conflist bytes, named by their sha256, shared
 //!   locks/keys                   a byte-range lock per attachment; locks/.snapshots for sweeps
 //!   quarantine/<name>.<secs>     damaged files moved aside, never acted on
+//!   notes/<net>:<cid>:<if>.json    the tail entry's notes on the chain (note.rs), made on first use
 //! ```
 //!
-//! Every write is temp + fsync + rename + directory fsync; every removal fsyncs the
-//! directory. ADD and DEL touch one record and one lock file: O(1) in the ledger's size.
+//! Every write of a record or snapshot is temp + fsync + rename + directory fsync; every
+//! removal fsyncs the directory. A note is the exception: it is never flushed, and losing
+//! it costs no replay. ADD and DEL touch one record and one lock file: O(1) in the
+//! ledger's size.
 
 pub mod fsio;
 pub mod lock;
+mod note;
 mod quarantine;
 pub mod record;
 
@@ -147,7 +151,7 @@ impl Ledger {
         let read = crate::faults::read_error(&format!("{stem}{RECORD_EXT}"))
             .map_or_else(|| fsio::read_nofollow(&path, MAX_RECORD), Err);
         match read {
-            Ok(bytes) => Ok(Some(check_name(stem, record::decode(&bytes)))),
+            Ok(bytes) => Ok(Some(self.with_note_of(stem, record::decode(&bytes)))),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
                 Ok(Some(Decoded::Damaged(Damage::new(
@@ -161,14 +165,6 @@ impl Ledger {
 
     pub fn write(&self, rec: &Record) -> Result<()> {
         self.put_record(rec, fsio::write_atomic, "writing")
-    }
-
-    /// Rewrites a record that is already durable with notes whose loss in a power cut
-    /// costs no attachment (the tail's chain notes, docs/CHAIN.md): atomic like `write`,
-    /// the new bytes fsynced before they replace the old, but the rename not flushed, so
-    /// a power cut soon after leaves the previous, still valid, version.
-    pub fn amend(&self, rec: &Record) -> Result<()> {
-        self.put_record(rec, fsio::replace_atomic, "amending")
     }
 
     /// Encodes `rec` and stores it under its key's name by `put` (one of fsio's atomic
@@ -189,10 +185,24 @@ impl Ledger {
         .with_context(|| format!("{doing} record {}", self.record_path(&stem).display()))
     }
 
-    /// Removes a record durably; Ok(false) when there was none.
+    /// Removes a record durably, then the tail's note on it; Ok(false) when there was
+    /// no record.
     pub fn remove(&self, stem: &str) -> Result<bool> {
-        fsio::remove_durable(&self.records_dir(), &format!("{stem}{RECORD_EXT}"))
-            .with_context(|| format!("removing {}", self.record_path(stem).display()))
+        let removed = fsio::remove_durable(&self.records_dir(), &format!("{stem}{RECORD_EXT}"))
+            .with_context(|| format!("removing {}", self.record_path(stem).display()))?;
+        self.drop_note(stem);
+        Ok(removed)
+    }
+
+    /// A record's name checked, and the tail's note merged in (`with_note`).
+    fn with_note_of(&self, stem: &str, decoded: Decoded) -> Decoded {
+        match check_name(stem, decoded) {
+            Decoded::Ok(mut rec) => {
+                self.with_note(stem, &mut rec);
+                Decoded::Ok(rec)
+            }
+            other => other,
+        }
     }
 
     /// Visits every record file; O(n), one file in memory at a time. Temporary files
@@ -288,7 +298,7 @@ impl Ledger {
                 || fsio::read_listed_file(dir, &item.file_name(), MAX_RECORD),
                 Err,
             ) {
-                Ok(bytes) => check_name(stem, record::decode(&bytes)),
+                Ok(bytes) => self.with_note_of(stem, record::decode(&bytes)),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => return None, // removed since listed
                 Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
                     Decoded::Damaged(Damage::new(
@@ -410,7 +420,7 @@ impl Ledger {
     /// writer's pid is in the name; a file of a live process is a write in progress.
     pub fn remove_orphan_temps(&self) -> usize {
         let mut removed = 0;
-        for dir in [self.records_dir(), self.snapshots_dir()] {
+        for dir in [self.records_dir(), self.snapshots_dir(), self.notes_dir()] {
             let Ok(rd) = std::fs::read_dir(&dir) else {
                 continue;
             };
@@ -441,6 +451,7 @@ impl Ledger {
             self.records_dir(),
             self.snapshots_dir(),
             self.locks_dir(),
+            self.notes_dir(),
         ] {
             let meta = match std::fs::metadata(&dir) {
                 Ok(m) => m,

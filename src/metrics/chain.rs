@@ -1,5 +1,6 @@
 //! What the chain's metrics read of a record (the chain's spec): `tail`, `createdBootNs`
-//! and the tail's `chain` notes, decoded by the ledger's own decoder,
+//! and the tail's `chain` notes (its note file, or the record's own `chain`), decoded by
+//! the ledger's own decoders,
 //! and the failed-left classification `gc --metrics-file` and the agent's watcher share.
 
 use crate::chain::State;
@@ -27,8 +28,12 @@ pub struct View {
 /// A record file's view; None for anything that is not an intact record of a format
 /// this binary knows (gc and `list` deal with those).
 pub fn view(bytes: &[u8]) -> Option<View> {
+    intact(bytes).map(View::of)
+}
+
+fn intact(bytes: &[u8]) -> Option<Record> {
     match record::decode(bytes) {
-        Decoded::Ok(r) => Some(View::of(*r)),
+        Decoded::Ok(r) => Some(*r),
         _ => None,
     }
 }
@@ -138,9 +143,12 @@ pub fn stem(name: &str) -> Option<&str> {
         .filter(|s| !s.starts_with('.'))
 }
 
+/// The view of `stem`'s record, with the tail's note on it (`Ledger::with_note`).
 pub fn read_view(ledger: &Ledger, stem: &str) -> Option<View> {
     let bytes = crate::ledger::fsio::read_nofollow(&ledger.record_path(stem), MAX_RECORD).ok()?;
-    view(&bytes)
+    let mut rec = intact(&bytes)?;
+    ledger.with_note(stem, &mut rec);
+    Some(View::of(rec))
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The tail entry (`"role": "tail"`, last in the chain; docs/CHAIN.md). ADD: the chain's
-//! result arrives as prevResult and is passed on unchanged; the head's record is
-//! completed with it and the time the chain took. DEL (first in DEL's reversed order):
-//! notes that a DEL began. Neither ever fails the runtime's call: the head's record is
+//! result arrives as prevResult and is passed on unchanged; the tail's note on the
+//! head's record (`Ledger::put_note`) says it completed, with that result and the time
+//! the chain took. DEL (first in DEL's reversed order): the note says a DEL began. Neither ever fails the runtime's call: the head's record is
 //! the write-ahead record and stands on its own; a tail that cannot write says why at
 //! `warn`. CHECK passes; GC and STATUS are the head's to answer, once per chain.
 
@@ -61,10 +61,10 @@ fn key(conf: &NetConf, args: &CmdArgs) -> Key {
     }
 }
 
-/// Rewrites the attachment's record under its key lock, changing only what `note`
-/// changes in its `chain`. Atomic, its bytes fsynced, its rename not flushed
-/// (`Ledger::amend`): the head's version already holds all a replay needs, and the
-/// directory's flush was 0.24 ms of the tail's 1.6 ms (docs/CHAIN.md, Cost).
+/// Writes the attachment's note under its key lock: the `chain` the record reads with
+/// now (an earlier note of this ADD, or what the record holds), changed by `note`. Not
+/// flushed: the record already holds all a replay needs, and a flush was most of the
+/// tail's cost (docs/CHAIN.md, Cost). The record itself is never rewritten here.
 fn rewrite(
     conf: &NetConf,
     key: &Key,
@@ -77,17 +77,16 @@ fn rewrite(
         .lock(&stem, wait)
         .map_err(NotNoted::Ledger)?
         .ok_or(NotNoted::Busy)?;
-    let mut rec = match ledger.read(&stem).map_err(NotNoted::Ledger)? {
+    let rec = match ledger.read(&stem).map_err(NotNoted::Ledger)? {
         Some(Decoded::Ok(rec)) => rec,
         None => return Err(NotNoted::NoRecord),
         Some(Decoded::Damaged(d)) => return Err(NotNoted::Unusable(d.reason.as_str().into())),
         Some(Decoded::Newer(format)) => return Err(NotNoted::Unusable(format!("format {format}"))),
         Some(Decoded::Unreadable(why)) => return Err(NotNoted::Unusable(why)),
     };
-    let mut chain = rec.chain.take().unwrap_or_default();
+    let mut chain = rec.chain.clone().unwrap_or_default();
     note(&mut chain, &rec);
-    rec.chain = Some(chain);
-    ledger.amend(&rec).map_err(NotNoted::Ledger)
+    ledger.put_note(&rec, &chain).map_err(NotNoted::Ledger)
 }
 
 fn add(conf: &NetConf, args: &CmdArgs) -> Value {
