@@ -4,6 +4,9 @@
 #   sudo bench/add-floor.sh            # ~1 min; ROUNDS=N (default 400), LEDGER=PATH
 #   sudo ALT=PATH bench/add-floor.sh   # a second build timed beside it (add-alt) instead
 #                                      # of the floor with a lock file
+#   sudo THIRD=syscalls bench/add-floor.sh  # the floor making every system call of an
+#                                      # ADD, in its order, and nothing else, as the third
+#                                      # variant (floor-syscalls; bench/floor/floor.c)
 #   sudo VARIANT=noconf bench/add-floor.sh  # the same build as add-alt, without one step:
 #                                      # noconf (no conflist to find and snapshot: its
 #                                      # confDir is empty), nons (CNI_NETNS names nothing,
@@ -69,6 +72,15 @@ esac
 [ -z "${VARIANT:-}" ] || : "${ALT:=$LEDGER}"
 
 third=floor-lock-file adds=1
+if [ "${THIRD:-}" = syscalls ]; then
+	third=floor-syscalls
+	# What the ledger's ADD reads as the conflist's memo: a file of its size.
+	mkdir -p "$B/floor-dir/records"
+	head -c 400 /dev/zero | tr '\0' m >"$B/floor-dir/memo"
+elif [ -n "${THIRD:-}" ]; then
+	echo "bench/add-floor.sh: THIRD is syscalls" >&2
+	exit 2
+fi
 if [ -n "${ALT:-}" ]; then
 	cp "$ALT" "$B/cni-ledger-alt"
 	third=add-alt adds=2

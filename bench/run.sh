@@ -66,6 +66,7 @@
 #   RUNS_CHAIN=N     rounds for 2                                150   (QUICK 15)
 #   GC_N=N           stale attachments for 4 (>= 500 claimed)    500   (QUICK 40)
 #   GC_JOBS=J        gc --jobs for 4 and 5                       4
+#   TRACE4=1         trace 4's runs: which programs their time went to (perf)
 #   BIG=N MID=N      live records for 5 (BIG also for 3)         100000 / 10000 (QUICK 20000 / 2000)
 #   RUNS_BIG=N       rounds for 5                                5     (QUICK 2)
 #   ALT_LEDGER=PATH  a second cni-ledger binary (e.g. a static build) timed in 1 as well
@@ -400,6 +401,26 @@ dnat_chains() { inhost iptables-save -t nat | grep -c '^:CNI-DN-' || true; }
 leases() { find "$B/ipam/gcnet" -maxdepth 1 -name '198.18.*' 2>/dev/null | wc -l; }
 records() { find "$B/ledger-gc/records" -maxdepth 1 -name '*.json' 2>/dev/null | wc -l; }
 
+# With TRACE4=1, each timed run of 4 is traced (perf, every exec and exit on the machine)
+# and bench/exec_spans.py says which programs its wall time went to.
+traced4() { # label tsv command...
+	local label=$1 tsv=$2
+	shift 2
+	if [ "${TRACE4:-0}" != 1 ]; then
+		"$@"
+		return
+	fi
+	perf record -q -a -e sched:sched_process_exec -e sched:sched_process_exit -o "$B/$label.perf" &
+	local perf=$!
+	sleep 1 # perf's start
+	"$@"
+	kill -INT "$perf"
+	wait "$perf" || true
+	perf script -i "$B/$label.perf" >"$B/$label.perf.txt" 2>/dev/null
+	log "4: $label: where its wall time went (programs from exec to exit)"
+	python3 "$here/exec_spans.py" "$B/$label.perf.txt" "$(awk -F'\t' '{print $3 / 1e6}' "$tsv")" | head -8 >&2
+}
+
 setup_stale() { # set: ADD GC_N attachments, one netns each, then delete the namespaces
 	local set=$1 k waited=0
 	gc_ns_live=()
@@ -434,7 +455,7 @@ if want 4; then
 	log "4: timing gc --jobs $GC_JOBS"
 	spec_cli gc-replay gc --ledger-dir "$B/ledger-gc" --grace 0 --jobs "$GC_JOBS" --cni-cache-dir "$B/cache" \
 		--json >"$B/spec-gc"
-	inhost "$HARNESS" -n 1 -w 0 -o "$R/gc.tsv" "$B/spec-gc"
+	traced4 gc "$R/gc.tsv" inhost "$HARNESS" -n 1 -w 0 -o "$R/gc.tsv" "$B/spec-gc"
 	gc_clean="$(records)/$(leases)/$(dnat_chains)"
 	[ "$gc_clean" = 0/0/0 ] || log "  gc left records/leases/DNAT chains: $gc_clean"
 
@@ -449,7 +470,7 @@ for ((k = 0; k < $GC_N; k++)); do
 done
 EOF
 	printf 'variant del-loop\narg /bin/bash\narg %s\n' "$B/del-loop.sh" >"$B/spec-loop"
-	inhost "$HARNESS" -n 1 -w 0 -o "$R/loop.tsv" "$B/spec-loop"
+	traced4 loop "$R/loop.tsv" inhost "$HARNESS" -n 1 -w 0 -o "$R/loop.tsv" "$B/spec-loop"
 	loop_clean="$(records)/$(leases)/$(dnat_chains)"
 	load_end 4
 fi

@@ -9,7 +9,9 @@
  *              (so a new key, as for every new pod), stdin from STDIN, CNI_NETNS=NETNS;
  *              nothing is deleted between rounds
  *   floor      FLOOR FLOORDIR f<round>
- *   EXTRA      (optional) "floor-lock-file": FLOOR --lock-file FLOORDIR l<round>; or the
+ *   EXTRA      (optional) "floor-lock-file": FLOOR --lock-file FLOORDIR l<round>;
+ *              "floor-syscalls": FLOOR --syscalls FLOORDIR s<round>, stdin from STDIN,
+ *              CNI_NETNS=NETNS (every system call of an ADD, nothing else); or the
  *              absolute path of a second ledger binary, timed as "add-alt" like "add"
  *              (e.g. an older build, to compare two builds in one run); ALT_STDIN and
  *              ALT_NETNS, when set, are its stdin and CNI_NETNS instead of STDIN, NETNS
@@ -113,10 +115,13 @@ int main(int argc, char **argv) {
             } else {
                 snprintf(fname, sizeof fname, "%c%d-%d", v == 1 ? 'f' : 'l', (int)getpid(),
                          r + warmup);
-                char *env[] = {NULL};
+                snprintf(netns_env, sizeof netns_env, "CNI_NETNS=%s", netns);
+                int calls = v == 2 && !strcmp(extra, "floor-syscalls");
+                char *env[] = {calls ? netns_env : NULL, NULL};
                 char *plain[] = {(char *)floor, (char *)fdir, fname, NULL};
-                char *locked[] = {(char *)floor, "--lock-file", (char *)fdir, fname, NULL};
-                spawn_wait(v == 1 ? plain : locked, env, NULL, &wall, &cpu, &rss);
+                char *third[] = {(char *)floor, calls ? "--syscalls" : "--lock-file", (char *)fdir,
+                                 fname, NULL};
+                spawn_wait(v == 1 ? plain : third, env, calls ? in : NULL, &wall, &cpu, &rss);
             }
             if (r >= 0) fprintf(o, "%s\t%d\t%.1f\t%ld\t%.1f\n", names[v], r, wall, rss, cpu);
         }

@@ -7,6 +7,8 @@
  *   floor DIR NAME [BYTES=650]           the floor
  *   floor --lock-file DIR NAME [BYTES]   the same plus one new empty file in DIR/locks
  *                                        (what a lock file per key costs an ADD)
+ *   floor --syscalls DIR NAME [BYTES]    every system call the ledger's ADD makes, in its
+ *                                        order, and nothing else (see syscalls() below)
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -14,6 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 static void fail(const char *what) {
@@ -21,17 +26,81 @@ static void fail(const char *what) {
     exit(1);
 }
 
+/*
+ * The system calls of a ledger ADD with its conflist remembered (strace of
+ * src/plugin/add.rs, 2026-12-06), made with the same arguments where they matter and
+ * with none of the work between them: what an ADD that keeps everything the record
+ * holds costs in system calls alone. Before the durable write (done by main, into
+ * DIR/records): stdin read to its end; the ledger's two directories checked; the key's
+ * byte lock on DIR/locks/keys; the boot ID; the namespace's identity (statfs, open,
+ * fstat, its cookie); the snapshot sweep's shared lock; the conflist memo (DIR/memo)
+ * read and four identities checked; the temp file's pid. After: the two locks closed
+ * and the result written to stdout. Returns the lock descriptors.
+ */
+#define NS_GET_COOKIE _IOR(0xb7, 0xd, unsigned long long)
+static void syscalls(const char *dir, const char *name, int fds[2]) {
+    char in[8192], p[4096], id[128], memo[8192];
+    struct statx sx;
+    while (read(0, in, sizeof in) > 0) {
+    }
+    snprintf(p, sizeof p, "%s/records", dir);
+    statx(AT_FDCWD, p, 0, STATX_ALL, &sx);
+    snprintf(p, sizeof p, "%s/locks", dir);
+    statx(AT_FDCWD, p, 0, STATX_ALL, &sx);
+    snprintf(p, sizeof p, "%s/locks/keys", dir);
+    fds[0] = open(p, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    unsigned long long h = 1469598103934665603ULL;
+    for (const char *c = name; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ULL;
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = h >> 2, .l_len = 1};
+    if (fds[0] < 0 || fcntl(fds[0], F_OFD_SETLK, &fl) < 0) fail(p);
+    int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || read(fd, id, sizeof id) <= 0) fail("boot_id");
+    close(fd);
+    const char *ns = getenv("CNI_NETNS");
+    struct statfs sf;
+    if (!ns || statfs(ns, &sf) < 0) fail("CNI_NETNS");
+    fd = open(ns, O_RDONLY | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
+    unsigned long long cookie;
+    if (fd < 0 || statx(fd, "", AT_EMPTY_PATH, STATX_ALL, &sx) < 0) fail(ns);
+    ioctl(fd, NS_GET_COOKIE, &cookie);
+    close(fd);
+    snprintf(p, sizeof p, "%s/locks/.snapshots", dir);
+    fds[1] = open(p, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fds[1] < 0 || flock(fds[1], LOCK_SH) < 0) fail(p);
+    snprintf(p, sizeof p, "%s/memo", dir);
+    fd = open(p, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) fail(p);
+    while (read(fd, memo, sizeof memo) > 0) {
+    }
+    close(fd);
+    statx(AT_FDCWD, dir, 0, STATX_ALL, &sx);
+    statx(AT_FDCWD, p, 0, STATX_ALL, &sx);
+    snprintf(p, sizeof p, "%s/absent", dir);
+    statx(AT_FDCWD, p, AT_SYMLINK_NOFOLLOW, STATX_ALL, &sx);
+    snprintf(p, sizeof p, "%s/locks/keys", dir);
+    statx(AT_FDCWD, p, AT_SYMLINK_NOFOLLOW, STATX_ALL, &sx);
+    getpid();
+}
+
 int main(int argc, char **argv) {
     int lock_file = argc > 1 && !strcmp(argv[1], "--lock-file");
-    if (lock_file) {
+    int as_ledger = argc > 1 && !strcmp(argv[1], "--syscalls");
+    if (lock_file || as_ledger) {
         argv++;
         argc--;
     }
     if (argc < 3) {
-        fprintf(stderr, "usage: floor [--lock-file] DIR NAME [BYTES]\n");
+        fprintf(stderr, "usage: floor [--lock-file|--syscalls] DIR NAME [BYTES]\n");
         return 2;
     }
     const char *dir = argv[1], *name = argv[2];
+    int locks[2] = {-1, -1};
+    char records[1024];
+    if (as_ledger) {
+        syscalls(dir, name, locks);
+        snprintf(records, sizeof records, "%s/records", dir);
+        dir = records;
+    }
     size_t n = argc > 3 ? (size_t)atol(argv[3]) : 650;
     char tmp[4096], dst[4096], lock[4096];
     if (lock_file) {
@@ -51,5 +120,12 @@ int main(int argc, char **argv) {
     close(fd);
     int d = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (d < 0 || fsync(d) < 0) fail(dir);
+    if (as_ledger) {
+        close(d);
+        close(locks[1]);
+        close(locks[0]);
+        static const char result[] = "{\"cniVersion\":\"1.0.0\",\"dns\":{}}\n";
+        if (write(1, result, sizeof result - 1) < 0) fail("stdout");
+    }
     return 0;
 }
