@@ -28,7 +28,6 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::AsFd;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -234,11 +233,9 @@ impl Watch {
             )
             .map_err(|e| ArmError(records, e.into()))?;
         let notes = ledger.notes_dir();
-        if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(&notes) {
-            if e.kind() != std::io::ErrorKind::AlreadyExists {
-                return Err(ArmError(notes, e));
-            }
-        }
+        ledger
+            .make_notes_dir()
+            .map_err(|e| ArmError(notes.clone(), std::io::Error::other(format!("{e:#}"))))?;
         // A note's removal says nothing: the record's removal is the DEL's end.
         let notes = inotify
             .add_watch(&notes, written | gone_self)
@@ -427,6 +424,13 @@ mod tests {
         stem
     }
 
+    /// Waits up to 1 s for events and hands them to `t`.
+    fn drain(w: &Watch, t: &mut Tracker) {
+        let mut fds = [PollFd::new(w.as_fd(), PollFlags::POLLIN)];
+        let _ = nix::poll::poll(&mut fds, PollTimeout::from(1000u16));
+        assert_eq!(w.drain(t), Drained::Done);
+    }
+
     fn adds(m: &Metrics, result: &str) -> u64 {
         m.chain_adds.with_label_values(&["net1", result]).get()
     }
@@ -574,16 +578,11 @@ mod tests {
             "a2",
             json!({"tail": true, "createdBootNs": start}),
         );
-        let drain = |t: &mut Tracker| {
-            let mut fds = [PollFd::new(w.as_fd(), PollFlags::POLLIN)];
-            let _ = nix::poll::poll(&mut fds, PollTimeout::from(1000u16));
-            assert_eq!(w.drain(t), Drained::Done);
-        };
-        drain(&mut t);
+        drain(&w, &mut t);
         assert_eq!(adds(&m, CHAIN_OK), 1);
         l.remove(&stem).unwrap();
         l.remove(&pending).unwrap();
-        drain(&mut t);
+        drain(&w, &mut t);
         assert_eq!(adds(&m, CHAIN_FAILED_TORN_DOWN), 1);
         assert_eq!(
             m.chain_del_duration
@@ -619,11 +618,6 @@ mod tests {
         let mut t = Tracker::new(l.clone(), &m, DEFAULT_LEFT_AFTER_SECS);
         let w = Watch::arm(&l).unwrap();
         t.resync(false);
-        let drain = |t: &mut Tracker| {
-            let mut fds = [PollFd::new(w.as_fd(), PollFlags::POLLIN)];
-            let _ = nix::poll::poll(&mut fds, PollTimeout::from(1000u16));
-            assert_eq!(w.drain(t), Drained::Done);
-        };
         let start = boot_ns().unwrap() - 30_000_000;
         let stem = write(
             &l,
@@ -631,7 +625,7 @@ mod tests {
             "a1",
             json!({"tail": true, "createdBootNs": start}),
         );
-        drain(&mut t);
+        drain(&w, &mut t);
         assert_eq!(adds(&m, CHAIN_OK), 0, "the head's record alone is pending");
         let Some(crate::ledger::Decoded::Ok(rec)) = l.read(&stem).unwrap() else {
             panic!("no record")
@@ -641,17 +635,17 @@ mod tests {
             ..Default::default()
         };
         l.put_note(&rec, &chain).unwrap();
-        drain(&mut t);
+        drain(&w, &mut t);
         assert_eq!(adds(&m, CHAIN_OK), 1, "the tail's note completes it");
         let add = m.chain_add_duration.with_label_values(&["net1"]);
         assert_eq!(add.get_sample_count(), 1);
         assert!((add.get_sample_sum() - 0.01).abs() < 1e-9);
         chain.del_began_boot_ns = Some(start + 20_000_000);
         l.put_note(&rec, &chain).unwrap();
-        drain(&mut t);
+        drain(&w, &mut t);
         // The record goes, then its note: one DEL measured from the note's start.
         l.remove(&stem).unwrap();
-        drain(&mut t);
+        drain(&w, &mut t);
         assert!(t.is_empty());
         assert_eq!(adds(&m, CHAIN_OK), 1);
         assert_eq!(adds(&m, CHAIN_FAILED_TORN_DOWN), 0);

@@ -97,7 +97,7 @@ pub fn write_atomic_mode(
     what: &str,
     mode: u32,
 ) -> io::Result<()> {
-    rename_into_place(dir, name, bytes, what, mode)?;
+    rename_into_place(dir, name, bytes, what, mode, true)?;
     fsync_dir(dir)?;
     crash_point(&format!("{what}.dir-synced"));
     Ok(())
@@ -109,7 +109,7 @@ pub fn write_atomic_mode(
 /// made durable by the directory's next fsync (the next record written there) or the
 /// file system's next commit. Saves one of the two flushes of `write_atomic`.
 pub fn replace_atomic(dir: &Path, name: &str, bytes: &[u8], what: &str) -> io::Result<()> {
-    rename_into_place(dir, name, bytes, what, 0o600)
+    rename_into_place(dir, name, bytes, what, 0o600, true)
 }
 
 /// For notes whose loss costs nothing a replay needs (the tail entry's chain notes,
@@ -118,25 +118,20 @@ pub fn replace_atomic(dir: &Path, name: &str, bytes: &[u8], what: &str) -> io::R
 /// bytes, the new, or an empty or torn file (XFS, for one, logs the rename before the
 /// data), so its reader must take anything it cannot decode for no note at all.
 pub fn replace_unsynced(dir: &Path, name: &str, bytes: &[u8], what: &str) -> io::Result<()> {
-    let tmp = create_temp(dir, name, bytes, what, 0o600, false)?;
-    let target = dir.join(name);
-    std::fs::rename(&tmp, &target).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        at("renaming over", &target)(e)
-    })?;
-    crash_point(&format!("{what}.renamed"));
-    Ok(())
+    rename_into_place(dir, name, bytes, what, 0o600, false)
 }
 
-/// A fsynced temp file with `bytes`, renamed over `dir/name`: both writes' first half.
+/// A temp file with `bytes` (fsynced when `sync`), renamed over `dir/name`: every
+/// atomic write's first half.
 fn rename_into_place(
     dir: &Path,
     name: &str,
     bytes: &[u8],
     what: &str,
     mode: u32,
+    sync: bool,
 ) -> io::Result<()> {
-    let tmp = write_temp(dir, name, bytes, what, mode)?;
+    let tmp = create_temp(dir, name, bytes, what, mode, sync)?;
     let target = dir.join(name);
     if let Err(e) = std::fs::rename(&tmp, &target) {
         let _ = std::fs::remove_file(&tmp);

@@ -85,12 +85,20 @@ impl Ledger {
             // The first note of this ledger: `notes/` is made on first use, so that ADD
             // never pays for it.
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                mkdir_private(&dir).with_context(|| format!("creating {}", dir.display()))?;
+                self.make_notes_dir()?;
                 put()
             }
             other => other,
         }
         .with_context(|| format!("writing note {}", dir.join(&name).display()))
+    }
+
+    /// Makes `notes/` (0700) if it is not there yet: for the first note, and for a
+    /// watch of the directory before any tail has written.
+    pub fn make_notes_dir(&self) -> Result<()> {
+        let dir = self.notes_dir();
+        mkdir_private(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(())
     }
 
     /// The tail's notes on `rec`'s ADD, if an intact note of that ADD is stored.
@@ -169,13 +177,19 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_note_is_read_for_its_own_add_only() {
-        let l = tmp_ledger("note-own-add");
+    /// A ledger holding one record whose ADD ran with a tail, and the record's stem.
+    fn recorded(tag: &str) -> (Ledger, Record, String) {
+        let l = tmp_ledger(tag);
         let mut rec = crate::ledger::record::sample();
         rec.tail = true;
         let stem = rec.key().stem();
         l.write(&rec).unwrap();
+        (l, rec, stem)
+    }
+
+    #[test]
+    fn a_note_is_read_for_its_own_add_only() {
+        let (l, rec, stem) = recorded("note-own-add");
         assert_eq!(l.note(&stem, &rec), None);
         l.put_note(&rec, &completed()).unwrap();
         assert_eq!(l.note(&stem, &rec), Some(completed()));
@@ -218,11 +232,7 @@ mod tests {
 
     #[test]
     fn removing_a_record_removes_its_note_and_orphans_are_swept() {
-        let l = tmp_ledger("note-orphans");
-        let mut rec = crate::ledger::record::sample();
-        rec.tail = true;
-        let stem = rec.key().stem();
-        l.write(&rec).unwrap();
+        let (l, rec, stem) = recorded("note-orphans");
         l.put_note(&rec, &completed()).unwrap();
         assert!(l.remove(&stem).unwrap());
         assert!(!l.note_path(&stem).exists());
