@@ -380,21 +380,8 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ledger::tests::tmp_ledger;
     use serde_json::{json, Value};
-
-    struct Dir(std::path::PathBuf);
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
-    fn ledger(name: &str) -> (Dir, Ledger) {
-        let root = std::env::temp_dir().join(format!("chain-watch-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        let l = Ledger::open_for_write(&root).unwrap();
-        (Dir(root), l)
-    }
 
     /// A record as the head writes it, with the chain's fields the spec adds, written
     /// the ledger's way (checksummed envelope, temp + fsync + rename).
@@ -437,7 +424,7 @@ mod tests {
 
     #[test]
     fn a_completion_is_observed_once_per_add() {
-        let (_d, l) = ledger("once");
+        let l = tmp_ledger("once");
         let m = Metrics::new();
         let mut t = Tracker::new(l.clone(), &m, DEFAULT_LEFT_AFTER_SECS);
         let start = boot_ns().unwrap();
@@ -481,7 +468,7 @@ mod tests {
 
     #[test]
     fn removed_uncompleted_is_torn_down_with_its_del_time_and_untracked_counts_nothing() {
-        let (_d, l) = ledger("torn");
+        let l = tmp_ledger("torn");
         let m = Metrics::new();
         let mut t = Tracker::new(l.clone(), &m, DEFAULT_LEFT_AFTER_SECS);
         let began = boot_ns().unwrap();
@@ -513,7 +500,7 @@ mod tests {
 
     #[test]
     fn left_behind_is_counted_once_and_not_again_when_its_del_comes() {
-        let (_d, l) = ledger("left");
+        let l = tmp_ledger("left");
         let m = Metrics::new();
         let mut t = Tracker::new(l.clone(), &m, 60);
         let now = boot_ns().unwrap();
@@ -557,7 +544,7 @@ mod tests {
 
     #[test]
     fn events_drive_it_and_a_resync_makes_up_for_missed_ones() {
-        let (_d, l) = ledger("inotify");
+        let l = tmp_ledger("inotify");
         let m = Metrics::new();
         let mut t = Tracker::new(l.clone(), &m, DEFAULT_LEFT_AFTER_SECS);
         let w = Watch::arm(&l).unwrap();
@@ -613,7 +600,7 @@ mod tests {
 
     #[test]
     fn the_tails_notes_are_watched_beside_the_records() {
-        let (_d, l) = ledger("notes");
+        let l = tmp_ledger("notes");
         let m = Metrics::new();
         let mut t = Tracker::new(l.clone(), &m, DEFAULT_LEFT_AFTER_SECS);
         let w = Watch::arm(&l).unwrap();

@@ -489,13 +489,30 @@ fn check_name(stem: &str, decoded: Decoded) -> Decoded {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    pub(super) fn tmp_ledger(tag: &str) -> Ledger {
+    /// A ledger in a scratch directory that is removed when the test is done with it,
+    /// passed or failed.
+    pub(crate) struct TmpLedger(Ledger);
+
+    impl std::ops::Deref for TmpLedger {
+        type Target = Ledger;
+        fn deref(&self) -> &Ledger {
+            &self.0
+        }
+    }
+
+    impl Drop for TmpLedger {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(self.0.root());
+        }
+    }
+
+    pub(crate) fn tmp_ledger(tag: &str) -> TmpLedger {
         let root = std::env::temp_dir().join(format!("cl-ledger-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
-        Ledger::open_for_write(&root).unwrap()
+        TmpLedger(Ledger::open_for_write(&root).unwrap())
     }
 
     #[test]
@@ -512,7 +529,6 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         assert!(l.remove(&stem).unwrap());
         assert!(l.read(&stem).unwrap().is_none());
-        std::fs::remove_dir_all(l.root()).unwrap();
     }
 
     #[test]
@@ -536,7 +552,6 @@ mod tests {
         })
         .unwrap();
         assert_eq!(seen, 1);
-        std::fs::remove_dir_all(l.root()).unwrap();
     }
 
     #[test]
@@ -582,6 +597,5 @@ mod tests {
             Snapshot::Missing
         ));
         assert!(!matches!(l.get_snapshot(&h).unwrap(), Snapshot::Missing));
-        std::fs::remove_dir_all(l.root()).unwrap();
     }
 }

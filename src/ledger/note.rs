@@ -164,7 +164,7 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::tests::tmp_ledger;
+    use crate::ledger::tests::{tmp_ledger, TmpLedger};
     use serde_json::json;
 
     fn completed() -> ChainNote {
@@ -178,7 +178,7 @@ mod tests {
     }
 
     /// A ledger holding one record whose ADD ran with a tail, and the record's stem.
-    fn recorded(tag: &str) -> (Ledger, Record, String) {
+    fn recorded(tag: &str) -> (TmpLedger, Record, String) {
         let l = tmp_ledger(tag);
         let mut rec = crate::ledger::record::sample();
         rec.tail = true;

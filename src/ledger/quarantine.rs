@@ -186,7 +186,6 @@ mod tests {
         };
         assert_eq!(std::fs::read(&to).unwrap(), b"{");
         assert!(!d.path.exists());
-        std::fs::remove_dir_all(l.root()).unwrap();
     }
 
     /// A file in records/ without a record's name is moved aside, not taken for a key's
@@ -216,6 +215,5 @@ mod tests {
         };
         assert_eq!(std::fs::read(&to).unwrap(), b"hello");
         assert!(!path.exists());
-        std::fs::remove_dir_all(l.root()).unwrap();
     }
 }

@@ -244,20 +244,19 @@ fn describe(network: &str, conf_dir: &Path, memo: &Memo, limit: SystemTime) -> O
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ledger::tests::{tmp_ledger, TmpLedger};
 
     const LIST: &str = r#"{"cniVersion":"1.0.0","name":"net","plugins":[{"type":"cni-ledger"}]}"#;
 
     struct World {
-        ledger: Ledger,
+        ledger: TmpLedger,
         conf: PathBuf,
         memo: Memo,
     }
 
     fn world(tag: &str) -> World {
         // The temp dir must be on a local file system, as a node's /etc/cni/net.d is.
-        let root = std::env::temp_dir().join(format!("cl-memo-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        let ledger = Ledger::open_for_write(&root).unwrap();
+        let ledger = tmp_ledger(tag);
         let conf = ledger.root().join("net.d");
         std::fs::create_dir(&conf).unwrap();
         std::fs::write(conf.join("10-net.conflist"), LIST).unwrap();
