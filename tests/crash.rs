@@ -432,6 +432,12 @@ fn run_trial(t: &Trial, seed: u64, live_ns: &[Netns], tally: &mut Tally) {
     for p in &remaining {
         assert!(verify_names(&vout, p), "{ctx}: verify does not name {p:?}");
     }
+    assert_eq!(
+        verify_temp_count(&vout),
+        Some(w.temp_files().len()),
+        "{ctx}: verify counts other temporary files than {:?}: {vout}",
+        w.temp_files()
+    );
 
     // --- list --------------------------------------------------------------------------------
     let rows = w.list_json();
@@ -495,6 +501,11 @@ fn run_trial(t: &Trial, seed: u64, live_ns: &[Netns], tally: &mut Tally) {
         Some(0),
         "{ctx}: verify after gc: {}",
         describe(&v)
+    );
+    assert_eq!(
+        (verify_temp_count(&text(&v.stdout)), w.temp_files()),
+        (Some(0), vec![]),
+        "{ctx}: gc leaves temporary files behind"
     );
     for (p, b) in &planted {
         let name = p.file_name().unwrap().to_string_lossy().into_owned();
@@ -791,7 +802,173 @@ fn crash_while_quarantining() {
     run_points(&["quarantine.renamed"]);
 }
 
-/// Every crash point the binary has is exercised here (a new one must be added above).
+/// The tail's note (`notes/`, written unflushed): a crash while the tail writes it, on
+/// ADD or on DEL, leaves the head's record as it was and the note old, new or absent,
+/// never torn for a reader; the tail's retry, `list`, `verify`, gc and the DEL work.
+#[test]
+fn crash_while_writing_notes() {
+    require_root!();
+    let ns = Netns::with_prefix("cln");
+    let result = json!({"cniVersion": "1.0.0", "ips": [{"address": "198.18.0.9/24"}]});
+    let mut trials = 0;
+    for point in ["note.tmp-written", "note.renamed"] {
+        for command in ["ADD", "DEL"] {
+            let ctx = format!("{point} in the tail's {command}");
+            let w = World::new("crash-note", NET, "0");
+            w.write_conflist(1, &[json!({"type": "counter"}), w.tail_entry()]);
+            let cid = "t-0";
+            w.add(cid, &ns.path_str(), &[]);
+            let tail = |command: &str, crash: &[(&str, &str)]| {
+                let netns = (command == "ADD").then(|| ns.path_str());
+                w.plugin_with(
+                    &w.tail_stdin(&result),
+                    command,
+                    cid,
+                    "eth0",
+                    netns.as_deref(),
+                    crash,
+                )
+            };
+            if command == "DEL" {
+                let out = tail("ADD", &[]);
+                assert!(out.status.success(), "{ctx}: {}", describe(&out));
+            }
+            let record = w.records();
+            let spec = format!("{point}:1");
+            let out = tail(command, &[("CNI_LEDGER_TEST_CRASH_AT", &spec)]);
+            assert!(killed_by_sigkill(&out), "{ctx}: {}", describe(&out));
+            trials += 1;
+            assert_eq!(w.records(), record, "{ctx}: the record changed");
+
+            // A reader sees the old note or the new one: completed, unless the ADD's
+            // note was the one cut short.
+            let rows = w.list_json();
+            assert_eq!(rows.len(), 1, "{ctx}: {rows:#?}");
+            let want = if command == "ADD" && point == "note.tmp-written" {
+                "pending"
+            } else {
+                "completed"
+            };
+            assert_eq!(rows[0]["chainState"], json!(want), "{ctx}: {:#}", rows[0]);
+            let v = w.verify();
+            assert_eq!(v.status.code(), Some(0), "{ctx}: {}", describe(&v));
+            assert_eq!(
+                verify_temp_count(&text(&v.stdout)),
+                Some(w.temp_files().len()),
+                "{ctx}: {}",
+                describe(&v)
+            );
+
+            // The runtime's retry, then gc (a live record: nothing replayed, the
+            // temporary file gone), then the head's DEL, which takes the note too.
+            let out = tail(command, &[]);
+            assert!(out.status.success(), "{ctx}: retry: {}", describe(&out));
+            assert_eq!(w.list_json()[0]["chainState"], json!("completed"), "{ctx}");
+            let (g, rep) = w.gc(&[], &[]);
+            assert_eq!(g.status.code(), Some(0), "{ctx}: gc: {}", describe(&g));
+            assert_eq!(rep.unwrap()["summary"]["replayed"], json!(0), "{ctx}");
+            assert!(w.temp_files().is_empty(), "{ctx}: {:?}", w.temp_files());
+            w.del(cid);
+            assert!(w.records().is_empty(), "{ctx}");
+            let notes = w.ledger_dir.join("notes");
+            assert!(list_dir(&notes).is_empty(), "{ctx}: {:?}", list_dir(&notes));
+        }
+    }
+    eprintln!("FIGURE crash: notes: {trials} crashes");
+}
+
+/// The conflist memo (`snapshots/.conf-memo.*`, written after the record): a crash while
+/// an ADD writes it leaves that ADD's record whole, and every later ADD records the chain
+/// of the conflist then in place, memo or none.
+#[test]
+fn crash_while_writing_the_conflist_memo() {
+    require_root!();
+    const ROUNDS: usize = 4;
+    let ns = Netns::with_prefix("clm");
+    let counter = [json!({"type": "counter"})];
+    let memos = |w: &World| -> Vec<String> {
+        list_dir(&w.ledger_dir.join("snapshots"))
+            .into_iter()
+            .filter(|n| n.starts_with(".conf-memo."))
+            .collect()
+    };
+    for point in ["memo.tmp-written", "memo.tmp-synced", "memo.renamed"] {
+        let w = World::new("crash-memo", NET, "0");
+        w.write_conflist(1, &counter);
+        // Only a conflist settled for the memo's margin is remembered.
+        std::thread::sleep(std::time::Duration::from_millis(3300));
+        let conflist = w.conflist_bytes();
+        for round in 0..ROUNDS {
+            let ctx = format!("{point}, round {round}");
+            for memo in memos(&w) {
+                std::fs::remove_file(w.ledger_dir.join("snapshots").join(memo)).unwrap();
+            }
+            let cid = format!("m-{round}");
+            let spec = format!("{point}:1");
+            let out = w.plugin(
+                "ADD",
+                &cid,
+                "eth0",
+                Some(&ns.path_str()),
+                &[("CNI_LEDGER_TEST_CRASH_AT", &spec)],
+            );
+            assert!(killed_by_sigkill(&out), "{ctx}: {}", describe(&out));
+            let rec = std::fs::read(w.record_path(&cid)).unwrap();
+            check_added(&rec, &cid, &ns.path_str(), &conflist, &w, None);
+            assert_eq!(
+                memos(&w).len(),
+                usize::from(point == "memo.renamed"),
+                "{ctx}: {:?}",
+                memos(&w)
+            );
+            // The runtime's retry and the next pod: recorded as before.
+            w.add(&cid, &ns.path_str(), &[]);
+            let retried = std::fs::read(w.record_path(&cid)).unwrap();
+            let old = decode_record(&rec).ok();
+            check_added(&retried, &cid, &ns.path_str(), &conflist, &w, old.as_ref());
+            let next = format!("n-{round}");
+            w.add(&next, &ns.path_str(), &[]);
+            let next_rec = std::fs::read(w.record_path(&next)).unwrap();
+            check_added(&next_rec, &next, &ns.path_str(), &conflist, &w, None);
+            let v = w.verify();
+            assert_eq!(v.status.code(), Some(0), "{ctx}: {}", describe(&v));
+        }
+        // The memo left standing does not outlive the conflist it names.
+        w.write_conflist(2, &counter);
+        let changed = w.conflist_bytes();
+        w.add("after", &ns.path_str(), &[]);
+        let rec = std::fs::read(w.record_path("after")).unwrap();
+        check_added(&rec, "after", &ns.path_str(), &changed, &w, None);
+        let (g, _) = w.gc(&[], &[]);
+        assert_eq!(g.status.code(), Some(0), "{point}: gc: {}", describe(&g));
+        assert!(w.temp_files().is_empty(), "{point}: {:?}", w.temp_files());
+    }
+    eprintln!("FIGURE crash: conflist memo: {} crashes", 3 * ROUNDS);
+}
+
+/// The text of a call's arguments: `text` up to the parenthesis that closes the call.
+fn call_args(text: &str) -> &str {
+    let (mut depth, mut in_str, mut escaped) = (1, false, false);
+    for (i, c) in text.char_indices() {
+        match (in_str, c) {
+            (true, _) if escaped => escaped = false,
+            (true, '\\') => escaped = true,
+            (_, '"') => in_str = !in_str,
+            (false, '(') => depth += 1,
+            (false, ')') => {
+                depth -= 1;
+                if depth == 0 {
+                    return &text[..i];
+                }
+            }
+            _ => {}
+        }
+    }
+    text
+}
+
+/// Every crash point the binary has is exercised here (a new one must be added above),
+/// or named below as another test's.
 #[test]
 fn every_crash_point_is_covered() {
     fn sources(dir: &std::path::Path, out: &mut String) {
@@ -818,30 +995,70 @@ fn every_crash_point_is_covered() {
         "snapshot.tmp-synced",
         "snapshot.renamed",
         "snapshot.dir-synced",
+        "memo.tmp-written",
+        "memo.tmp-synced",
+        "memo.renamed",
+        "note.tmp-written",
+        "note.renamed",
         "remove.unlinked",
         "quarantine.renamed",
         "gc.key-released",
+    ];
+    // Files written by the same fsio code whose readers are not the ledger's: the
+    // conflists inject and the agent edit (tests/inject.rs, tests/agent*.rs check what
+    // a failed write leaves), the agent's installed binary, the devices' notes, and the
+    // writes of src's own unit tests.
+    let elsewhere = ["conflist", "binary", "devices", "test"];
+
+    // The crash points each fsio writer passes, named `{what}.<suffix>` by its caller.
+    let writers: [(&str, &[&str]); 5] = [
+        (
+            "write_atomic(",
+            &["tmp-written", "tmp-synced", "renamed", "dir-synced"],
+        ),
+        (
+            "write_atomic_mode(",
+            &["tmp-written", "tmp-synced", "renamed", "dir-synced"],
+        ),
+        ("replace_atomic(", &["tmp-written", "tmp-synced", "renamed"]),
+        ("replace_unsynced(", &["tmp-written", "renamed"]),
+        ("write_temp(", &["tmp-written", "tmp-synced"]),
     ];
     let mut found = BTreeSet::new();
     for part in src.split("crash_point(").skip(1) {
         let arg = part.split(')').next().unwrap_or("");
         if let Some(lit) = arg.split('"').nth(1) {
-            if let Some(suffix) = lit.strip_prefix("{what}") {
-                for what in ["record", "snapshot"] {
-                    found.insert(format!("{what}{suffix}"));
-                }
-            } else {
+            if !lit.starts_with("{what}") {
                 found.insert(lit.to_string());
+            }
+        }
+    }
+    // Each call of a writer: its last string literal is `what` (the record's writer
+    // passes `fsio::write_atomic` by name, its `what` beside it).
+    found.extend(
+        ["tmp-written", "tmp-synced", "renamed", "dir-synced"].map(|s| format!("record.{s}")),
+    );
+    for (writer, suffixes) in writers {
+        for call in src.split(writer).skip(1) {
+            let args = call_args(call);
+            let what = args
+                .split('"')
+                .enumerate()
+                .filter(|(i, _)| i % 2 == 1)
+                .map(|(_, lit)| lit)
+                .last();
+            let Some(what) = what else { continue }; // the definition, or a name passed
+            if elsewhere.contains(&what) {
+                continue;
+            }
+            for suffix in suffixes {
+                found.insert(format!("{what}.{suffix}"));
             }
         }
     }
     let covered: BTreeSet<String> = covered.iter().map(|s| s.to_string()).collect();
     assert_eq!(found, covered, "crash points in src/ vs. those tested");
-    eprintln!(
-        "FIGURE crash: {} crash points x {TRIALS} trials = {} crashes",
-        covered.len(),
-        covered.len() * TRIALS
-    );
+    eprintln!("FIGURE crash: {} crash points", covered.len());
 }
 
 /// A panic in plugin mode reaches the runtime as a CNI error on stdout (code 999), not

@@ -45,17 +45,17 @@ pub fn run(args: Args) -> Result<i32> {
     for missing in referenced.iter().filter(|h| !hashes.contains(h)) {
         println!("note: snapshot {missing} is referenced but missing (gc falls back to the libcni cache or the conflist)");
     }
-    let leftovers = std::fs::read_dir(ledger.records_dir())
-        .map(|rd| {
-            rd.filter_map(|e| e.ok())
-                .filter(|e| {
-                    e.file_name()
-                        .to_string_lossy()
-                        .starts_with(fsio::TMP_PREFIX)
-                })
-                .count()
+    let leftovers: usize = ledger
+        .written_dirs()
+        .iter()
+        .filter_map(|dir| std::fs::read_dir(dir).ok())
+        .flat_map(|rd| rd.filter_map(|e| e.ok()))
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(fsio::TMP_PREFIX)
         })
-        .unwrap_or(0);
+        .count();
     let quarantined = std::fs::read_dir(ledger.quarantine_dir())
         .map(|rd| rd.count())
         .unwrap_or(0);

@@ -420,7 +420,7 @@ impl Ledger {
     /// writer's pid is in the name; a file of a live process is a write in progress.
     pub fn remove_orphan_temps(&self) -> usize {
         let mut removed = 0;
-        for dir in [self.records_dir(), self.snapshots_dir(), self.notes_dir()] {
+        for dir in self.written_dirs() {
             let Ok(rd) = std::fs::read_dir(&dir) else {
                 continue;
             };
@@ -441,6 +441,12 @@ impl Ledger {
             }
         }
         removed
+    }
+
+    /// The directories the ledger writes by temporary file and rename: where a crash can
+    /// leave a temporary file behind.
+    pub fn written_dirs(&self) -> [PathBuf; 3] {
+        [self.records_dir(), self.snapshots_dir(), self.notes_dir()]
     }
 
     /// gc executes binaries as root on the ledger's word, so the ledger must be root's

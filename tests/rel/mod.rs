@@ -197,9 +197,38 @@ impl World {
         self.bin_dir.display().to_string()
     }
 
+    /// The tail entry of this world's conflists (docs/CHAIN.md).
+    pub fn tail_entry(&self) -> Value {
+        let mut e = self.ledger_entry();
+        e["role"] = json!("tail");
+        e
+    }
+
+    /// What libcni hands the tail: its entry and the chain's result so far.
+    pub fn tail_stdin(&self, prev_result: &Value) -> Vec<u8> {
+        let mut v = self.tail_entry();
+        v["cniVersion"] = json!("1.0.0");
+        v["name"] = json!(self.network);
+        v["prevResult"] = prev_result.clone();
+        serde_json::to_vec(&v).unwrap()
+    }
+
     /// Runs the binary as a plugin (only the CNI env, PATH and `extra`).
     pub fn plugin(
         &self,
+        command: &str,
+        cid: &str,
+        ifname: &str,
+        netns: Option<&str>,
+        extra: &[(&str, &str)],
+    ) -> Output {
+        self.plugin_with(&self.stdin(), command, cid, ifname, netns, extra)
+    }
+
+    /// `plugin` with another entry's stdin (e.g. `tail_stdin`).
+    pub fn plugin_with(
+        &self,
+        stdin: &[u8],
         command: &str,
         cid: &str,
         ifname: &str,
@@ -217,7 +246,7 @@ impl World {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
         env.push(("CNI_PATH".into(), self.cni_path()));
-        run_plugin(&env, &self.stdin())
+        run_plugin(&env, stdin)
     }
 
     /// ADD that must succeed.
@@ -293,10 +322,14 @@ impl World {
     pub fn quarantine(&self) -> BTreeMap<String, Vec<u8>> {
         files_of(&self.quarantine_dir(), true)
     }
-    /// Temporary files (`.tmp.*`) left in records/ and snapshots/.
+    /// Temporary files (`.tmp.*`) left in records/, snapshots/ and notes/.
     pub fn temp_files(&self) -> Vec<String> {
         let mut v = Vec::new();
-        for d in [self.records_dir(), self.snapshots_dir()] {
+        for d in [
+            self.records_dir(),
+            self.snapshots_dir(),
+            self.ledger_dir.join("notes"),
+        ] {
             for n in crate::common::list_dir(&d) {
                 if n.starts_with(".tmp.") {
                     v.push(n);
@@ -375,6 +408,13 @@ pub fn parse_log(text: &str) -> Vec<LogLine> {
 }
 
 /// Whether `stdout` of `verify` names `path` among the damaged.
+/// The number of temporary files `verify` reports in its summary line.
+pub fn verify_temp_count(stdout: &str) -> Option<usize> {
+    let summary = stdout.lines().last()?;
+    let (head, _) = summary.rsplit_once(" temporary file(s)")?;
+    head.rsplit(' ').next()?.parse().ok()
+}
+
 pub fn verify_names(stdout: &str, path: &Path) -> bool {
     let p = path.display().to_string();
     stdout
