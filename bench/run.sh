@@ -30,7 +30,8 @@
 #      2d: the head with a do-nothing C plugin last instead of the tail (what libcni charges
 #      any last entry); 2e: a C plugin last that rewrites one file as the tail writes its
 #      note, unflushed (noop-plugin.c -DREWRITE): the tail's floor; 2f: the same with an
-#      fsync before the rename (-DREWRITE_SYNC): what one durable write costs in a chain.
+#      fsync before the rename (-DREWRITE_SYNC): what one durable write costs in a chain;
+#      2g: 2e's plugin writing on a tmpfs the script mounts: the write without the disk.
 #   3. ledger ADD with 100,000 existing records vs. with 10 (records made by
 #      bench/gen_records.py: valid, checksummed, correctly named, with their lock files).
 #   4. `cni-ledger gc --grace 0 --jobs $GC_JOBS` replaying N stale attachments (ADD
@@ -137,6 +138,7 @@ cleanup() {
 	for ns in "$C1" "$LIVE" "$HOST"; do
 		[ -e "/run/netns/$ns" ] && ip netns del "$ns"
 	done
+	mountpoint -q "$B/tmpfs" 2>/dev/null && umount "$B/tmpfs"
 	if [ "${KEEP:-0}" = 1 ]; then
 		log "kept $B"
 	else
@@ -187,7 +189,7 @@ DW=$build/durable-write
 
 # ---------------------------------------------------------------------------- world
 rm -rf "$B"
-mkdir -p "$B"/{results,bin,cache,floor,conf-m1,conf-l,conf-p,conf-g,conf-t,conf-x,conf-w,conf-s,ipam}
+mkdir -p "$B"/{results,bin,cache,floor,conf-m1,conf-l,conf-p,conf-g,conf-t,conf-x,conf-w,conf-s,conf-r,ipam}
 chmod 700 "$B"
 R=$B/results
 # A copy, not a symlink: a concurrent `cargo build` must not swap the binary mid-run.
@@ -197,6 +199,10 @@ cp "$build/noop-plugin" "$B/bin/noop"
 mkdir -p "$B/rewrite"
 gcc -O2 -Wall -DREWRITE="\"$B/rewrite/record.json\"" -o "$B/bin/rewrite" "$here/noop-plugin.c"
 gcc -O2 -Wall -DREWRITE_SYNC -DREWRITE="\"$B/rewrite/synced.json\"" -o "$B/bin/rewrite-sync" "$here/noop-plugin.c"
+# 2g's file is on a tmpfs of its own: the same write without a disk file system.
+mkdir -p "$B/tmpfs"
+mount -t tmpfs -o size=1m,mode=700 cni-ledger-bench "$B/tmpfs"
+gcc -O2 -Wall -DREWRITE="\"$B/tmpfs/record.json\"" -o "$B/bin/rewrite-tmpfs" "$here/noop-plugin.c"
 CNI_PATH_ALL=$B/bin:/usr/lib/cni
 
 ip netns add "$HOST"
@@ -249,6 +255,9 @@ conflist chainw "$(ledger_entry "$B/ledger-w" "$B/conf-w")" "$(bridge_entry cbw$
 # ... and one that makes that rewrite durable (2f),
 conflist chains "$(ledger_entry "$B/ledger-s" "$B/conf-s")" "$(bridge_entry cbs$tag 198.18.7.0/24)" "$PORTMAP" \
 	'{"type":"rewrite-sync"}' >"$B/conf-s/10-chains.conflist"
+# ... and one whose unflushed rewrite is on tmpfs (2g),
+conflist chainr "$(ledger_entry "$B/ledger-r" "$B/conf-r")" "$(bridge_entry cbr$tag 198.18.8.0/24)" "$PORTMAP" \
+	'{"type":"rewrite-tmpfs"}' >"$B/conf-r/10-chainr.conflist"
 # ... and with a do-nothing C plugin in the ledger's place: libcni's cost of one more plugin.
 mkdir -p "$B/conf-n"
 conflist chainn '{"type":"noop"}' "$(bridge_entry cbn$tag 198.18.3.0/24)" "$PORTMAP" >"$B/conf-n/10-chainn.conflist"
@@ -391,6 +400,7 @@ if want 2; then
 		spec_driver chain-lastnoop "$B/conf-x" chainx "x$tag-"
 		spec_driver chain-lastwrite "$B/conf-w" chainw "w$tag-"
 		spec_driver chain-lastsync "$B/conf-s" chains "s$tag-"
+		spec_driver chain-lasttmpfs "$B/conf-r" chainr "r$tag-"
 	} >"$B/spec-chain"
 	inhost "$HARNESS" -n "$RUNS_CHAIN" -w 3 -o "$R/chain.tsv" "$B/spec-chain"
 	load_end 2
@@ -565,6 +575,11 @@ if want 2; then
 	read -r cs _ _ <<<"$(ratio "$R/chain.tsv" chain-lastsync chain-ledger cpu)"
 	ds=$(py "print(float(a[0]) - float(a[1]))" "$chs" "$chl")
 	rows+=("| 2f | (context) the same C plugin with an fsync before its rename (one durable write, as the tail made before it wrote notes) vs the head alone, $(sms "$ds") median | $(ms "$chs") | $(ms "$chl") | $(xci "$rs" "$ls" "$hs") | $(x "$cs") | | |")
+	read -r chr _ _ _ _ _ <<<"$(med "$R/chain.tsv" chain-lasttmpfs)"
+	read -r rr lr hr <<<"$(ratio "$R/chain.tsv" chain-lasttmpfs chain-ledger)"
+	read -r cr _ _ <<<"$(ratio "$R/chain.tsv" chain-lasttmpfs chain-ledger cpu)"
+	dr=$(py "print(float(a[0]) - float(a[1]))" "$chr" "$chl")
+	rows+=("| 2g | (context) the C plugin of 2e writing its file on tmpfs instead of the ledger's disk vs the head alone, $(sms "$dr") median: 2e less 2g is what the disk's file system charges for the write | $(ms "$chr") | $(ms "$chl") | $(xci "$rr" "$lr" "$hr") | $(x "$cr") | | |")
 else
 	rows+=("$(skipped 2 "chain ADD with vs without the ledger" "≤ 1.03×")")
 fi
