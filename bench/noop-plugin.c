@@ -4,7 +4,7 @@
  * Reads stdin, answers ADD with an empty 1.0.0 result (the conflists of bench/run.sh
  * are 1.0.0), VERSION with its versions, anything else with no output.
  *
- * Built with -DREWRITE=\"PATH\" it is the tail's floor instead (bench/run.sh row 2e):
+ * Built with -DREWRITE=\"PATH\" it writes as the tail does instead (bench/run.sh row 2e):
  * on ADD it reads the file PATH and replaces it the way the tail writes its note
  * (temporary file 0600, write, rename over the name; no fsync: docs/CHAIN.md).
  * Add -DREWRITE_SYNC for the fsync before the rename that the tail made until it wrote

@@ -29,7 +29,7 @@
 #      head and its tail entry (docs/CHAIN.md) vs the head alone: what the tail costs.
 #      2d: the head with a do-nothing C plugin last instead of the tail (what libcni charges
 #      any last entry); 2e: a C plugin last that rewrites one file as the tail writes its
-#      note, unflushed (noop-plugin.c -DREWRITE): the tail's floor; 2f: the same with an
+#      note, unflushed (noop-plugin.c -DREWRITE), over an existing file as its DEL does; 2f: the same with an
 #      fsync before the rename (-DREWRITE_SYNC): what one durable write costs in a chain;
 #      2g: 2e's plugin writing on a tmpfs the script mounts: the write without the disk.
 #   3. ledger ADD with 100,000 existing records vs. with 10 (records made by
@@ -569,7 +569,7 @@ if want 2; then
 	read -r rw lw hw <<<"$(ratio "$R/chain.tsv" chain-lastwrite chain-ledger)"
 	read -r cw _ _ <<<"$(ratio "$R/chain.tsv" chain-lastwrite chain-ledger cpu)"
 	dw=$(py "print(float(a[0]) - float(a[1]))" "$chw" "$chl")
-	rows+=("| 2e | (the tail's floor) the head's chain with a C plugin last that rewrites one file as the tail writes its note (no fsync) vs the head alone, $(sms "$dw") median | $(ms "$chw") | $(ms "$chl") | $(xci "$rw" "$lw" "$hw") | $(x "$cw") | | |")
+	rows+=("| 2e | (context) the head's chain with a C plugin last that rewrites one file as the tail writes its note, over an existing file (no fsync) vs the head alone, $(sms "$dw") median | $(ms "$chw") | $(ms "$chl") | $(xci "$rw" "$lw" "$hw") | $(x "$cw") | | |")
 	read -r chs _ _ _ _ _ <<<"$(med "$R/chain.tsv" chain-lastsync)"
 	read -r rs ls hs <<<"$(ratio "$R/chain.tsv" chain-lastsync chain-ledger)"
 	read -r cs _ _ <<<"$(ratio "$R/chain.tsv" chain-lastsync chain-ledger cpu)"
@@ -579,7 +579,7 @@ if want 2; then
 	read -r rr lr hr <<<"$(ratio "$R/chain.tsv" chain-lasttmpfs chain-ledger)"
 	read -r cr _ _ <<<"$(ratio "$R/chain.tsv" chain-lasttmpfs chain-ledger cpu)"
 	dr=$(py "print(float(a[0]) - float(a[1]))" "$chr" "$chl")
-	rows+=("| 2g | (context) the C plugin of 2e writing its file on tmpfs instead of the ledger's disk vs the head alone, $(sms "$dr") median: 2e less 2g is what the disk's file system charges for the write | $(ms "$chr") | $(ms "$chl") | $(xci "$rr" "$lr" "$hr") | $(x "$cr") | | |")
+	rows+=("| 2g | (context) the C plugin of 2e writing its file on tmpfs instead of the ledger's disk vs the head alone, $(sms "$dr") median: 2e less 2g is what the disk's file system charges for 2e's rename over an existing file | $(ms "$chr") | $(ms "$chl") | $(xci "$rr" "$lr" "$hr") | $(x "$cr") | | |")
 else
 	rows+=("$(skipped 2 "chain ADD with vs without the ledger" "≤ 1.03×")")
 fi
