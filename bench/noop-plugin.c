@@ -9,6 +9,11 @@
  * (temporary file 0600, write, rename over the name; no fsync: docs/CHAIN.md).
  * Add -DREWRITE_SYNC for the fsync before the rename that the tail made until it wrote
  * notes (what a durable rewrite costs inside a chain).
+ *
+ * Built with -DTAIL_DIR=\"DIR\" it does the tail's ADD and nothing more (row 2h): prints
+ * its prevResult back, and writes a new file DIR/<container ID>.json of a note's size
+ * the way the tail writes a note (temporary file, write, rename; no fsync); DEL removes
+ * the file. What a tail costs without being cni-ledger.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,11 +44,73 @@ static void rewrite(void) {
 }
 #endif
 
-int main(void) {
-    char buf[65536];
-    while (read(0, buf, sizeof buf) > 0) {
+#ifdef TAIL_DIR
+#include <fcntl.h>
+
+/* The object after "prevResult" in the config, or NULL; its length in *len. */
+static const char *prev_result(const char *in, size_t n, size_t *len) {
+    const char *p = strstr(in, "\"prevResult\"");
+    if (!p || !(p = strchr(p + 12, '{')))
+        return NULL;
+    int depth = 0, str = 0, esc = 0;
+    for (const char *q = p; q < in + n; q++) {
+        char c = *q;
+        if (str) {
+            if (esc)
+                esc = 0;
+            else if (c == '\\')
+                esc = 1;
+            else if (c == '"')
+                str = 0;
+        } else if (c == '"')
+            str = 1;
+        else if (c == '{')
+            depth++;
+        else if (c == '}' && --depth == 0) {
+            *len = (size_t)(q + 1 - p);
+            return p;
+        }
     }
+    return NULL;
+}
+
+static void note(const char *cid, int add) {
+    char dst[4096], tmp[4200], body[544];
+    snprintf(dst, sizeof dst, "%s/%s.json", TAIL_DIR, cid);
+    if (!add) {
+        unlink(dst);
+        return;
+    }
+    memset(body, 'x', sizeof body);
+    snprintf(tmp, sizeof tmp, "%s/.tmp.%s.%d", TAIL_DIR, cid, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0 || write(fd, body, sizeof body) != (ssize_t)sizeof body || close(fd) < 0 ||
+        rename(tmp, dst) < 0) {
+        perror(dst);
+        exit(1);
+    }
+}
+#endif
+
+int main(void) {
+    static char buf[65536];
+    size_t n = 0;
+    ssize_t got;
+    while ((got = read(0, buf + n, sizeof buf - 1 - n)) > 0)
+        n += (size_t)got;
+    buf[n] = 0;
     const char *cmd = getenv("CNI_COMMAND");
+#ifdef TAIL_DIR
+    const char *cid = getenv("CNI_CONTAINERID");
+    if (cmd && cid && (!strcmp(cmd, "ADD") || !strcmp(cmd, "DEL")))
+        note(cid, !strcmp(cmd, "ADD"));
+    size_t len = 0;
+    const char *prev = prev_result(buf, n, &len);
+    if (cmd && !strcmp(cmd, "ADD") && prev) {
+        fwrite(prev, 1, len, stdout);
+        fputc('\n', stdout);
+    } else
+#endif
     if (cmd && !strcmp(cmd, "ADD")) {
 #ifdef REWRITE
         rewrite();

@@ -31,7 +31,9 @@
 #      any last entry); 2e: a C plugin last that rewrites one file as the tail writes its
 #      note, unflushed (noop-plugin.c -DREWRITE), over an existing file as its DEL does; 2f: the same with an
 #      fsync before the rename (-DREWRITE_SYNC): what one durable write costs in a chain;
-#      2g: 2e's plugin writing on a tmpfs the script mounts: the write without the disk.
+#      2g: 2e's plugin writing on a tmpfs the script mounts: the write without the disk;
+#      2h: the tail's floor, a static C program doing the tail's ADD (noop-plugin.c
+#      -DTAIL_DIR: prevResult printed back, a new file per attachment, unflushed).
 #   3. ledger ADD with 100,000 existing records vs. with 10 (records made by
 #      bench/gen_records.py: valid, checksummed, correctly named, with their lock files).
 #   4. `cni-ledger gc --grace 0 --jobs $GC_JOBS` replaying N stale attachments (ADD
@@ -189,7 +191,7 @@ DW=$build/durable-write
 
 # ---------------------------------------------------------------------------- world
 rm -rf "$B"
-mkdir -p "$B"/{results,bin,cache,floor,conf-m1,conf-l,conf-p,conf-g,conf-t,conf-x,conf-w,conf-s,conf-r,ipam}
+mkdir -p "$B"/{results,bin,cache,floor,conf-m1,conf-l,conf-p,conf-g,conf-t,conf-x,conf-w,conf-s,conf-r,conf-c,ipam}
 chmod 700 "$B"
 R=$B/results
 # A copy, not a symlink: a concurrent `cargo build` must not swap the binary mid-run.
@@ -203,6 +205,9 @@ gcc -O2 -Wall -DREWRITE_SYNC -DREWRITE="\"$B/rewrite/synced.json\"" -o "$B/bin/r
 mkdir -p "$B/tmpfs"
 mount -t tmpfs -o size=1m,mode=700 cni-ledger-bench "$B/tmpfs"
 gcc -O2 -Wall -DREWRITE="\"$B/tmpfs/record.json\"" -o "$B/bin/rewrite-tmpfs" "$here/noop-plugin.c"
+# 2h: the tail's ADD in C, linked statically as cni-ledger is.
+mkdir -p "$B/ctail"
+gcc -O2 -Wall -static -DTAIL_DIR="\"$B/ctail\"" -o "$B/bin/ctail" "$here/noop-plugin.c"
 CNI_PATH_ALL=$B/bin:/usr/lib/cni
 
 ip netns add "$HOST"
@@ -258,6 +263,9 @@ conflist chains "$(ledger_entry "$B/ledger-s" "$B/conf-s")" "$(bridge_entry cbs$
 # ... and one whose unflushed rewrite is on tmpfs (2g),
 conflist chainr "$(ledger_entry "$B/ledger-r" "$B/conf-r")" "$(bridge_entry cbr$tag 198.18.8.0/24)" "$PORTMAP" \
 	'{"type":"rewrite-tmpfs"}' >"$B/conf-r/10-chainr.conflist"
+# ... and one with the tail's ADD done by a static C program (2h),
+conflist chainc "$(ledger_entry "$B/ledger-c" "$B/conf-c")" "$(bridge_entry cbc$tag 198.18.9.0/24)" "$PORTMAP" \
+	'{"type":"ctail"}' >"$B/conf-c/10-chainc.conflist"
 # ... and with a do-nothing C plugin in the ledger's place: libcni's cost of one more plugin.
 mkdir -p "$B/conf-n"
 conflist chainn '{"type":"noop"}' "$(bridge_entry cbn$tag 198.18.3.0/24)" "$PORTMAP" >"$B/conf-n/10-chainn.conflist"
@@ -401,6 +409,7 @@ if want 2; then
 		spec_driver chain-lastwrite "$B/conf-w" chainw "w$tag-"
 		spec_driver chain-lastsync "$B/conf-s" chains "s$tag-"
 		spec_driver chain-lasttmpfs "$B/conf-r" chainr "r$tag-"
+		spec_driver chain-lastctail "$B/conf-c" chainc "c$tag-"
 	} >"$B/spec-chain"
 	inhost "$HARNESS" -n "$RUNS_CHAIN" -w 3 -o "$R/chain.tsv" "$B/spec-chain"
 	load_end 2
@@ -579,6 +588,12 @@ if want 2; then
 	read -r rr lr hr <<<"$(ratio "$R/chain.tsv" chain-lasttmpfs chain-ledger)"
 	read -r cr _ _ <<<"$(ratio "$R/chain.tsv" chain-lasttmpfs chain-ledger cpu)"
 	dr=$(py "print(float(a[0]) - float(a[1]))" "$chr" "$chl")
+	read -r chc _ _ _ _ _ <<<"$(med "$R/chain.tsv" chain-lastctail)"
+	read -r rc lc hc <<<"$(ratio "$R/chain.tsv" chain-lastctail chain-ledger)"
+	read -r cc _ _ <<<"$(ratio "$R/chain.tsv" chain-lastctail chain-ledger cpu)"
+	dc=$(py "print(float(a[0]) - float(a[1]))" "$chc" "$chl")
+	read -r rtc ltc htc <<<"$(ratio "$R/chain.tsv" chain-tail chain-lastctail)"
+	rows+=("| 2h | (the tail's floor) a static C program last doing the tail's ADD and nothing more (prevResult printed back, a new file per attachment written as a note, unflushed) vs the head alone, $(sms "$dc") median; the chain with the tail vs with this: $(xci "$rtc" "$ltc" "$htc") | $(ms "$chc") | $(ms "$chl") | $(xci "$rc" "$lc" "$hc") | $(x "$cc") | | |")
 	rows+=("| 2g | (context) the C plugin of 2e writing its file on tmpfs instead of the ledger's disk vs the head alone, $(sms "$dr") median: 2e less 2g is what the disk's file system charges for 2e's rename over an existing file | $(ms "$chr") | $(ms "$chl") | $(xci "$rr" "$lr" "$hr") | $(x "$cr") | | |")
 else
 	rows+=("$(skipped 2 "chain ADD with vs without the ledger" "≤ 1.03×")")
