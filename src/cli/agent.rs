@@ -24,8 +24,8 @@ pub struct Args {
     conflist: Choice,
     #[arg(long, default_value_os_t = super::ledger_dir_default())]
     ledger_dir: PathBuf,
-    /// Address for /metrics, /healthz and /readyz: IPv4:PORT, [IPv6]:PORT, or a bare
-    /// IPv6:PORT as `$(NODE_IP):9657` gives on an IPv6 node (the part after the last
+    /// Address for /metrics, /healthz and /readyz: `IPv4:PORT`, `[IPv6]:PORT`, or a bare
+    /// `IPv6:PORT` as `$(NODE_IP):9657` gives on an IPv6 node (the part after the last
     /// `:` is the port).
     #[arg(long, default_value = "127.0.0.1:9657", value_parser = agent::parse_listen)]
     listen: SocketAddr,
