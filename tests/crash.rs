@@ -1004,10 +1004,10 @@ fn every_crash_point_is_covered() {
         "quarantine.renamed",
         "gc.key-released",
     ];
-    // Files written by the same fsio code whose readers are not the ledger's: the
-    // conflists inject and the agent edit (tests/inject.rs, tests/agent*.rs check what
-    // a failed write leaves), the agent's installed binary, the devices' notes, and the
-    // writes of src's own unit tests.
+    // Files outside the ledger, written by the same fsio code whose crash points the
+    // record trials above try; a crash while writing them is not tried here: the
+    // conflists inject and the agent edit, the agent's installed binary, the devices'
+    // notes, and the writes of src's own unit tests.
     let elsewhere = ["conflist", "binary", "devices", "test"];
 
     // The crash points each fsio writer passes, named `{what}.<suffix>` by its caller.

@@ -235,7 +235,7 @@ impl Watch {
         let notes = ledger.notes_dir();
         ledger
             .make_notes_dir()
-            .map_err(|e| ArmError(notes.clone(), std::io::Error::other(format!("{e:#}"))))?;
+            .map_err(|e| ArmError(notes.clone(), e))?;
         // A note's removal says nothing: the record's removal is the DEL's end.
         let notes = inotify
             .add_watch(&notes, written | gone_self)

@@ -85,7 +85,8 @@ impl Ledger {
             // The first note of this ledger: `notes/` is made on first use, so that ADD
             // never pays for it.
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                self.make_notes_dir()?;
+                self.make_notes_dir()
+                    .with_context(|| format!("creating {}", dir.display()))?;
                 put()
             }
             other => other,
@@ -95,10 +96,8 @@ impl Ledger {
 
     /// Makes `notes/` (0700) if it is not there yet: for the first note, and for a
     /// watch of the directory before any tail has written.
-    pub fn make_notes_dir(&self) -> Result<()> {
-        let dir = self.notes_dir();
-        mkdir_private(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        Ok(())
+    pub fn make_notes_dir(&self) -> io::Result<()> {
+        mkdir_private(&self.notes_dir()).map(|_| ())
     }
 
     /// The tail's notes on `rec`'s ADD, if an intact note of that ADD is stored.
