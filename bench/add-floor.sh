@@ -7,6 +7,9 @@
 #   sudo THIRD=syscalls bench/add-floor.sh  # the floor making every system call of an
 #                                      # ADD, in its order, and nothing else, as the third
 #                                      # variant (floor-syscalls; bench/floor/floor.c)
+#   sudo STEPS=1 bench/add-floor.sh    # then, after the timed rounds, ROUNDS runs of
+#                                      # `floor --steps`: what each group of ADD's system
+#                                      # calls takes, timed inside the process
 #   sudo VARIANT=noconf bench/add-floor.sh  # the same build as add-alt, without one step:
 #                                      # noconf (no conflist to find and snapshot: its
 #                                      # confDir is empty), nons (CNI_NETNS names nothing,
@@ -71,12 +74,12 @@ nons) export ALT_NETNS=/run/netns/cl-floor-none-such ;;
 esac
 [ -z "${VARIANT:-}" ] || : "${ALT:=$LEDGER}"
 
+# What the ledger's ADD reads as the conflist's memo, for floor --syscalls: a file of its size.
+mkdir -p "$B/floor-dir/records"
+head -c 400 /dev/zero | tr '\0' m >"$B/floor-dir/memo"
 third=floor-lock-file adds=1
 if [ "${THIRD:-}" = syscalls ]; then
 	third=floor-syscalls
-	# What the ledger's ADD reads as the conflist's memo: a file of its size.
-	mkdir -p "$B/floor-dir/records"
-	head -c 400 /dev/zero | tr '\0' m >"$B/floor-dir/memo"
 elif [ -n "${THIRD:-}" ]; then
 	echo "bench/add-floor.sh: THIRD is syscalls" >&2
 	exit 2
@@ -102,3 +105,11 @@ for pair in "add floor" "$third floor" "add $third"; do
 		"$(python3 "$S" ratio "$B/samples.tsv" "$1" "$2" cpu | awk '{printf "%s [%s-%s]", $1, $2, $3}')"
 done
 [ -z "${KEEP_SAMPLES:-}" ] || cp "$B/samples.tsv" "$KEEP_SAMPLES"
+if [ -n "${STEPS:-}" ]; then
+	for r in $(seq "$ROUNDS"); do
+		CNI_NETNS=/run/netns/$NS "$B/floor" --steps "$B/floor-dir" "t$r" <"$B/stdin.json" \
+			>/dev/null 2>>"$B/steps.tsv"
+	done
+	echo "ADD's system calls, timed inside floor --steps (after the rounds above):"
+	python3 "$S" steps "$B/steps.tsv" "$(python3 "$S" med "$B/samples.tsv" floor | cut -d' ' -f1)"
+fi

@@ -6,6 +6,10 @@
                                        of CPU time, user+sys incl. waited-for children) with
                                        a 95% bootstrap interval, resampling whole rounds (A
                                        and B of one round ran back to back: paired).
+    stats.py steps FILE FLOOR_MS    -> the median of each step of `floor --steps` runs
+                                       (FILE: "step<TAB>usec" lines, run after run), and of
+                                       a run's steps that are not the floor's own work,
+                                       also as a share of FLOOR_MS
 """
 import random
 import statistics
@@ -26,8 +30,33 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(p * len(xs)))]
 
 
+def steps(path, floor_ms):
+    order, runs = [], []
+    with open(path) as f:
+        for line in f:
+            name, us = line.rstrip("\n").split("\t")
+            if not order or name == order[0]:
+                runs.append({})
+            if name not in order:
+                order.append(name)
+            runs[-1][name] = float(us)
+    for name in order:
+        print("  %-32s %7.2f us" % (name, statistics.median(r[name] for r in runs if name in r)))
+    # The floor makes the durable write too: the rest is what ADD's calls add to it.
+    extra = statistics.median(
+        sum(us for name, us in r.items() if "(the floor's)" not in name) for r in runs
+    )
+    print(
+        "  %-32s %7.2f us  (%.1f%% of the floor's %.0f us; %d runs)"
+        % ("all but the floor's", extra, 100 * extra / (floor_ms * 1e3), floor_ms * 1e3, len(runs))
+    )
+
+
 def main():
     cmd, path = sys.argv[1], sys.argv[2]
+    if cmd == "steps":
+        steps(path, float(sys.argv[3]))
+        return
     rows = load(path)
     if cmd == "med":
         s = rows[sys.argv[3]]
