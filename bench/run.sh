@@ -173,6 +173,10 @@ print(exe)')
 	: "${LEDGER:=$built}"
 fi
 : "${LEDGER:=$repo/target/release/cni-ledger}"
+# How much of build.rs's function order the binary holds: a list left stale by a code
+# change or a toolchain upgrade links fine and orders less (docs/EVIDENCE.md).
+order=$repo/link/plugin-order.txt
+ordered="$(nm "$LEDGER" 2>/dev/null | awk '{print $NF}' | grep -cxFf - "$order" || true) of $(wc -l <"$order")"
 [ -x "$LEDGER" ] || die "no $LEDGER"
 log "cni-ledger under test: $LEDGER ($(file -b "$LEDGER" 2>/dev/null | grep -o 'dynamically linked\|static-pie linked\|statically linked' || echo '?'))"
 gcc -O2 -Wall -o "$build/harness" "$here/harness.c"
@@ -642,7 +646,7 @@ elapsed=$(($(date +%s) - start_all))
 log "finished in ${elapsed}s"
 cat <<EOF
 
-### cni-ledger benchmark — $(date -u +%Y-%m-%dT%H:%MZ), $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$repo" diff --quiet -- src Cargo.toml 2>/dev/null || echo '+dirty'), $(uname -r), $(nproc) cores, $(df -T "$B" | awk 'NR==2{print $2}') at $B, load avg $load_start → $(cut -d' ' -f1-3 /proc/loadavg), ${elapsed}s$([ "${QUICK:-0}" = 1 ] && echo ", QUICK")
+### cni-ledger benchmark — $(date -u +%Y-%m-%dT%H:%MZ), $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$repo" diff --quiet -- src Cargo.toml 2>/dev/null || echo '+dirty'), $(uname -r), $(nproc) cores, $(df -T "$B" | awk 'NR==2{print $2}') at $B, load avg $load_start → $(cut -d' ' -f1-3 /proc/loadavg), ${elapsed}s, $ordered functions of link/plugin-order.txt in the binary$([ "${QUICK:-0}" = 1 ] && echo ", QUICK")
 
 | # | measurement | A (median) | B (median) | A/B wall [95% CI] | A/B CPU | target | result | load (1 min) |
 |---|---|---|---|---|---|---|---|---|
