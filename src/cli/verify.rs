@@ -1,6 +1,6 @@
 //! `cni-ledger verify`: read every record and snapshot, report damage, change nothing.
 
-use crate::ledger::{fsio, Damage, Decoded, Ledger, Snapshot};
+use crate::ledger::{Damage, Decoded, Ledger, Snapshot};
 use anyhow::Result;
 use std::path::PathBuf;
 
@@ -45,17 +45,7 @@ pub fn run(args: Args) -> Result<i32> {
     for missing in referenced.iter().filter(|h| !hashes.contains(h)) {
         println!("note: snapshot {missing} is referenced but missing (gc falls back to the libcni cache or the conflist)");
     }
-    let leftovers: usize = ledger
-        .written_dirs()
-        .iter()
-        .filter_map(|dir| std::fs::read_dir(dir).ok())
-        .flat_map(|rd| rd.filter_map(|e| e.ok()))
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with(fsio::TMP_PREFIX)
-        })
-        .count();
+    let leftovers = ledger.temp_files().len();
     let quarantined = std::fs::read_dir(ledger.quarantine_dir())
         .map(|rd| rd.count())
         .unwrap_or(0);

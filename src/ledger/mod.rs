@@ -420,33 +420,36 @@ impl Ledger {
     /// writer's pid is in the name; a file of a live process is a write in progress.
     pub fn remove_orphan_temps(&self) -> usize {
         let mut removed = 0;
-        for dir in self.written_dirs() {
-            let Ok(rd) = std::fs::read_dir(&dir) else {
+        for (dir, name) in self.temp_files() {
+            // .tmp.<name>.<pid>.<seq>
+            let pid = name.rsplit('.').nth(1).and_then(|p| p.parse::<u32>().ok());
+            let Some(pid) = pid else { continue };
+            if Path::new(&format!("/proc/{pid}")).exists() {
                 continue;
-            };
-            for item in rd.flatten() {
-                let name = item.file_name().to_string_lossy().into_owned();
-                let Some(rest) = name.strip_prefix(fsio::TMP_PREFIX) else {
-                    continue;
-                };
-                // .tmp.<name>.<pid>.<seq>
-                let pid = rest.rsplit('.').nth(1).and_then(|p| p.parse::<u32>().ok());
-                let Some(pid) = pid else { continue };
-                if Path::new(&format!("/proc/{pid}")).exists() {
-                    continue;
-                }
-                if fsio::remove_durable(&dir, &name).unwrap_or(false) {
-                    removed += 1;
-                }
+            }
+            if fsio::remove_durable(&dir, &name).unwrap_or(false) {
+                removed += 1;
             }
         }
         removed
     }
 
-    /// The directories the ledger writes by temporary file and rename: where a crash can
-    /// leave a temporary file behind.
-    pub fn written_dirs(&self) -> [PathBuf; 3] {
-        [self.records_dir(), self.snapshots_dir(), self.notes_dir()]
+    /// The temporary files, each as its directory and name, in the directories the
+    /// ledger writes by temporary file and rename: where a crash can leave one behind.
+    pub fn temp_files(&self) -> Vec<(PathBuf, String)> {
+        let mut found = Vec::new();
+        for dir in [self.records_dir(), self.snapshots_dir(), self.notes_dir()] {
+            let Ok(rd) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for item in rd.flatten() {
+                let name = item.file_name().to_string_lossy().into_owned();
+                if name.starts_with(fsio::TMP_PREFIX) {
+                    found.push((dir.clone(), name));
+                }
+            }
+        }
+        found
     }
 
     /// gc executes binaries as root on the ledger's word, so the ledger must be root's
