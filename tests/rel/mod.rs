@@ -407,7 +407,6 @@ pub fn parse_log(text: &str) -> Vec<LogLine> {
         .collect()
 }
 
-/// Whether `stdout` of `verify` names `path` among the damaged.
 /// The number of temporary files `verify` reports in its summary line.
 pub fn verify_temp_count(stdout: &str) -> Option<usize> {
     let summary = stdout.lines().last()?;
@@ -415,6 +414,7 @@ pub fn verify_temp_count(stdout: &str) -> Option<usize> {
     head.rsplit(' ').next()?.parse().ok()
 }
 
+/// Whether `stdout` of `verify` names `path` among the damaged.
 pub fn verify_names(stdout: &str, path: &Path) -> bool {
     let p = path.display().to_string();
     stdout
