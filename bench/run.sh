@@ -29,8 +29,9 @@
 #      head and its tail entry (docs/CHAIN.md) vs the head alone: what the tail costs.
 #      2d: the head with a do-nothing C plugin last instead of the tail (what libcni charges
 #      any last entry); 2e: a C plugin last that rewrites one file as the tail writes its
-#      note, unflushed (noop-plugin.c -DREWRITE), over an existing file as its DEL does; 2f: the same with an
-#      fsync before the rename (-DREWRITE_SYNC): what one durable write costs in a chain;
+#      note, unflushed (noop-plugin.c -DREWRITE), over an existing file as its DEL does;
+#      2f: the same with an fsync before the rename (-DREWRITE_SYNC): what one durable
+#      write costs in a chain;
 #      2g: 2e's plugin writing on a tmpfs the script mounts: the write without the disk;
 #      2h: the tail's floor, a static C program doing the tail's ADD (noop-plugin.c
 #      -DTAIL_DIR: prevResult printed back, a new file per attachment, unflushed).
@@ -173,11 +174,11 @@ print(exe)')
 	: "${LEDGER:=$built}"
 fi
 : "${LEDGER:=$repo/target/release/cni-ledger}"
+[ -x "$LEDGER" ] || die "no $LEDGER"
 # How much of build.rs's function order the binary holds: a list left stale by a code
 # change or a toolchain upgrade links fine and orders less (docs/EVIDENCE.md).
 order=$repo/link/plugin-order.txt
 ordered="$(nm "$LEDGER" 2>/dev/null | awk '{print $NF}' | grep -cxFf - "$order" || true) of $(wc -l <"$order")"
-[ -x "$LEDGER" ] || die "no $LEDGER"
 log "cni-ledger under test: $LEDGER ($(file -b "$LEDGER" 2>/dev/null | grep -o 'dynamically linked\|static-pie linked\|statically linked' || echo '?'))"
 gcc -O2 -Wall -o "$build/harness" "$here/harness.c"
 gcc -O2 -Wall -o "$build/durable-write" "$here/durable-write.c"
