@@ -91,6 +91,11 @@ pub fn transform_with_dropins(
         }
         bail!("no \"plugins\" list: not a conflist");
     };
+    // A chain at a version the ledger does not serve would fail every ADD in the ledger,
+    // first in it (DESIGN §8: do no harm). Taking the ledger out is always allowed.
+    if !remove {
+        crate::cni::version::serves_list(doc)?;
+    }
     let (ours, others): (Vec<&Value>, Vec<&Value>) = plugins
         .iter()
         .partition(|p| conflist::plugin_type(p) == plugin_type);
@@ -557,7 +562,7 @@ mod tests {
 
     #[test]
     fn no_capabilities_when_the_chain_declares_none_and_keeps_options() {
-        let doc = json!({"name":"n","plugins":[{"type":"bridge"},{"type":"cni-ledger","logFile":"/x","capabilities":{"portMappings":true}}]});
+        let doc = json!({"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"},{"type":"cni-ledger","logFile":"/x","capabilities":{"portMappings":true}}]});
         let out = transform(&doc, "cni-ledger", &EntryOptions::default(), false).unwrap();
         assert_eq!(
             out["plugins"][0],
@@ -572,7 +577,7 @@ mod tests {
 
     #[test]
     fn the_tail_follows_the_head_and_no_tail_takes_it_out() {
-        let doc = json!({"name":"n","plugins":[{"type":"bridge"}]});
+        let doc = json!({"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"}]});
         let dir = Path::new("/var/lib/l");
         let opts = EntryOptions {
             ledger_dir: Some(dir),
@@ -682,18 +687,20 @@ mod tests {
                 false,
             )
         };
-        let p = plan_of(r#"{"name":"n","plugins":[{"type":"bridge"}]}"#).unwrap();
+        let p =
+            plan_of(r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"}]}"#).unwrap();
         assert_eq!(
             p.new["plugins"][0]["capabilities"],
             json!({"portMappings": true})
         );
         // Not loaded by libcni, so not the chain's.
         let p =
-            plan_of(r#"{"name":"n","loadOnlyInlinedPlugins":true,"plugins":[{"type":"bridge"}]}"#)
+            plan_of(r#"{"cniVersion":"1.0.0","name":"n","loadOnlyInlinedPlugins":true,"plugins":[{"type":"bridge"}]}"#)
                 .unwrap();
         assert!(p.new["plugins"][0].get("capabilities").is_none());
         // With drop-ins, the tail is the drop-in sorting last, and none is inline.
-        let p = plan_of(r#"{"name":"n","plugins":[{"type":"bridge"}]}"#).unwrap();
+        let p =
+            plan_of(r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"}]}"#).unwrap();
         assert_eq!(p.new["plugins"].as_array().unwrap().len(), 2);
         let d = p.tail_dropin.unwrap();
         assert_eq!(d.path, dir.join("n").join(TAIL_DROPIN));
@@ -715,7 +722,9 @@ mod tests {
         assert!(!dir.join("n").join(TAIL_DROPIN).exists());
         // A drop-in libcni cannot parse: the network cannot load, nothing is planned.
         std::fs::write(dir.join("n/60-bad.conf"), b"[]").unwrap();
-        assert!(plan_of(r#"{"name":"n","plugins":[{"type":"bridge"}]}"#).is_err());
+        assert!(
+            plan_of(r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"}]}"#).is_err()
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -764,5 +773,28 @@ mod tests {
         );
         assert!(conflist_from_conf(&json!({"name":"n","plugins":[]})).is_none());
         assert!(conflist_from_conf(&json!({"type":"bridge"})).is_none());
+    }
+
+    #[test]
+    fn refuses_a_chain_at_a_version_the_ledger_does_not_serve_but_takes_it_out() {
+        let opts = EntryOptions::default();
+        for v in [json!(null), json!("0.1.0"), json!("0.2.0"), json!("")] {
+            let mut doc = json!({"name":"n","plugins":[{"type":"bridge"}]});
+            if !v.is_null() {
+                doc["cniVersion"] = v.clone();
+            }
+            let e = transform(&doc, "cni-ledger", &opts, false).unwrap_err();
+            assert!(
+                e.to_string().contains("not a version the ledger serves"),
+                "{v}: {e:#}"
+            );
+            // An older release's ledger in it comes out, head and tail.
+            let mut injected = doc.clone();
+            injected["plugins"] = json!([{"type":"cni-ledger"},{"type":"bridge"},{"type":"cni-ledger","role":"tail"}]);
+            assert_eq!(
+                transform(&injected, "cni-ledger", &opts, true).unwrap(),
+                doc
+            );
+        }
     }
 }

@@ -107,11 +107,7 @@ fn run(
         return Err(CniError::new(
             error::INCOMPATIBLE_VERSION,
             "incompatible CNI versions",
-            format!(
-                "config is \"{}\", plugin supports {}",
-                conf.cni_version,
-                version::SUPPORTED.join(", ")
-            ),
+            version::incompatible_details(&conf.cni_version),
         ));
     }
     *cni_version = conf.cni_version.clone();
