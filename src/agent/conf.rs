@@ -28,8 +28,12 @@ impl std::str::FromStr for Choice {
 }
 
 /// Whether a document loads as a network configuration: a conflist (a `name` and a
-/// non-empty `plugins` list) or a single plugin (a `name` and a `type`).
+/// non-empty `plugins` list) or a single plugin (a `name` and a `type`), whose
+/// `cniVersion`, if any, is a string (libcni refuses to load any other).
 pub fn loads(doc: &Value) -> bool {
+    if doc.get("cniVersion").is_some_and(|v| !v.is_string()) {
+        return false;
+    }
     let named = doc.get("name").and_then(Value::as_str).is_some();
     let list = doc
         .get("plugins")
@@ -111,6 +115,10 @@ mod tests {
         let w = |n: &str, s: &str| std::fs::write(dir.join(n), s).unwrap();
         w("05-broken.conflist", "{not json");
         w("07-empty.conflist", r#"{"name":"e","plugins":[]}"#);
+        w(
+            "08-numver.conflist",
+            r#"{"cniVersion":1,"name":"v","plugins":[{"type":"bridge"}]}"#,
+        );
         w("10-b.conf", r#"{"name":"b","type":"bridge"}"#);
         w(
             "20-a.conflist",

@@ -28,6 +28,9 @@ pub struct FileState {
     converted: bool,
     pub fight: Fight,
     pub error: Option<String>,
+    /// The chain runs at a cniVersion the ledger does not serve: the version as shown
+    /// (`version::Unserved::shown`); the file is left without the ledger.
+    pub unsupported: Option<String>,
 }
 
 /// What one file's pass came to.
@@ -177,7 +180,17 @@ impl<'a> Conflists<'a> {
             }
         };
         let net = doc["name"].as_str().map(String::from);
-        if let Some(list) = injection::conflist_from_conf(&doc) {
+        let single = injection::conflist_from_conf(&doc);
+        // Checked on the chain as the runtime runs it (a single-plugin file as libcni's
+        // one-plugin list), before anything is written (DESIGN §8).
+        if let Err(why) = crate::cni::version::serves_list(single.as_ref().unwrap_or(&doc)) {
+            return self.unserved(path, &read, &doc, why, net);
+        }
+        self.files
+            .entry(path.to_path_buf())
+            .or_default()
+            .unsupported = None;
+        if let Some(list) = single {
             return self.convert(path, &read, &list, now, net);
         }
         let entry = EntryOptions {
@@ -238,6 +251,83 @@ impl<'a> Conflists<'a> {
         Some(FileOutcome::new(path.to_path_buf(), ok, true, net))
     }
 
+    /// A chosen file whose chain runs at a cniVersion the ledger does not serve: left
+    /// without the ledger, byte for byte; one that has it (put there by an older release,
+    /// or by hand) gets it taken out, which gives back the chain that worked without it
+    /// (with it, every ADD fails in the ledger, and every DEL too). None: another writer
+    /// changed the file meanwhile, start over.
+    fn unserved(
+        &mut self,
+        path: &Path,
+        read: &injection::ReadConf,
+        doc: &Value,
+        why: crate::cni::version::Unserved,
+        net: Option<String>,
+    ) -> Option<FileOutcome> {
+        let plugin_type = self.opts.plugin_type.as_str();
+        let has_ledger = crate::conflist::plugins(doc)
+            .iter()
+            .any(|p| crate::conflist::plugin_type(p) == plugin_type);
+        let mut error = format!(
+            "{why}: left as it is, without {plugin_type} (every ADD of the chain would fail \
+             in it); give the conflist a cniVersion the ledger serves to have it recorded"
+        );
+        let mut wrote = false;
+        if has_ledger {
+            let out = injection::plan(
+                path,
+                &read.bytes,
+                plugin_type,
+                &EntryOptions::default(),
+                true,
+            )
+            .and_then(|mut planned| {
+                if let Some(d) = planned.tail_dropin.take().filter(|d| d.changed) {
+                    d.apply()?;
+                }
+                if !planned.changed {
+                    return Ok(Some(false));
+                }
+                match injection::replace_if_unchanged(path, read, planned.text.as_bytes())? {
+                    injection::Replaced::Done { .. } => Ok(Some(true)),
+                    injection::Replaced::Changed(_) => Ok(None),
+                }
+            });
+            match out {
+                Ok(None) => return None,
+                Ok(Some(w)) => {
+                    wrote = w;
+                    crate::warn!(
+                        "agent: {}: {why}, yet {plugin_type} was in its chain, failing every \
+                         ADD: taken out, the chain is as it was without it",
+                        path.display()
+                    );
+                    error = format!(
+                        "{why}: {plugin_type} was in its chain (failing every ADD) and was \
+                         taken out; give the conflist a cniVersion the ledger serves to have \
+                         it recorded"
+                    );
+                }
+                Err(e) => {
+                    error = format!(
+                        "{why}, and {plugin_type} is in its chain, failing every ADD; taking \
+                         it out failed: {e:#}"
+                    );
+                }
+            }
+        }
+        let st = self.files.entry(path.to_path_buf()).or_default();
+        st.ours = None;
+        st.ours_doc = None;
+        st.ours_ino = None;
+        st.unsupported = Some(why.shown());
+        if st.error.as_deref() != Some(error.as_str()) && !wrote {
+            crate::warn!("agent: {}: {error}", path.display());
+        }
+        st.error = Some(error);
+        Some(FileOutcome::new(path.to_path_buf(), false, wrote, net))
+    }
+
     /// A chosen file that is a symbolic link: read through it, never written (see
     /// `injection::symlink_target`). Verified injected when the target already has the
     /// ledger first, else shown in `/readyz` with what to do.
@@ -254,12 +344,26 @@ impl<'a> Conflists<'a> {
             .as_ref()
             .ok()
             .and_then(|p| p.doc["name"].as_str().map(String::from));
+        let unserved = std::fs::read(path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|d| crate::cni::version::serves_list(&d).err());
         let st = self.files.entry(path.to_path_buf()).or_default();
         // Not the agent's to keep: a later regular file here starts afresh.
         st.ours = None;
         st.ours_doc = None;
         st.ours_ino = None;
+        st.unsupported = unserved.as_ref().map(|u| u.shown());
         let error = match planned {
+            _ if unserved.is_some() => Some(format!(
+                "a symbolic link to {}: {}: left as it is, without {}",
+                target.display(),
+                unserved
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .unwrap_or_default(),
+                self.opts.plugin_type
+            )),
             Ok(p) if !p.changed => None,
             Ok(_) | Err(_) => Some(format!(
                 "a symbolic link to {}: left as it is, without the ledger (the agent neither \

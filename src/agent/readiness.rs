@@ -28,6 +28,10 @@ pub struct ConfStatus {
     pub injected: bool,
     pub fighting: bool,
     pub error: Option<String>,
+    /// The chain runs at a cniVersion the ledger does not serve (the version as shown).
+    pub unsupported: Option<String>,
+    /// The runtime uses this file: the one asked for, or with `--conflist all` the first.
+    pub runtimes: bool,
 }
 
 impl Status {
@@ -53,7 +57,15 @@ impl Status {
         }
         for c in &self.conflists {
             let f = c.file.display();
-            if c.fighting {
+            if let (Some(v), false) = (&c.unsupported, c.runtimes) {
+                // Left as it works; not the chain the runtime's pods get.
+                let why = c.error.as_deref().unwrap_or_default();
+                lines.push(format!("WARN {f}: unsupported cniVersion {v}: {why}"));
+            } else if let Some(v) = &c.unsupported {
+                ok = false;
+                let why = c.error.as_deref().unwrap_or_default();
+                lines.push(format!("FAIL {f}: unsupported cniVersion {v}: {why}"));
+            } else if c.fighting {
                 ok = false;
                 lines.push(format!(
                     "FAIL {f}: another writer keeps reverting it; backing off"
@@ -129,6 +141,8 @@ mod tests {
                 injected: true,
                 fighting: false,
                 error: None,
+                unsupported: None,
+                runtimes: true,
             }],
             conf_error: None,
             ledger_error: None,
@@ -161,5 +175,20 @@ mod tests {
         s.conflists.clear();
         s.conf_error = Some("no network configuration".into());
         assert!(!s.readiness().0);
+        // Left without the ledger for its version: fails only for the runtime's file.
+        let mut s = ready_status();
+        s.conflists[0].injected = false;
+        s.conflists[0].unsupported = Some("0.2.0".into());
+        let (ok, body) = s.readiness();
+        assert!(
+            !ok && body.contains("FAIL") && body.contains("0.2.0"),
+            "{body}"
+        );
+        s.conflists[0].runtimes = false;
+        let (ok, body) = s.readiness();
+        assert!(
+            ok && body.contains("WARN") && body.contains("0.2.0"),
+            "{body}"
+        );
     }
 }

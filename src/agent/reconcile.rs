@@ -120,6 +120,11 @@ impl<'a> Reconciler<'a> {
             let label = gone.display().to_string();
             let _ = self.shared.metrics.injected.remove_label_values(&[&label]);
             let _ = self.shared.metrics.fight.remove_label_values(&[&label]);
+            let _ = self
+                .shared
+                .metrics
+                .unsupported_version
+                .remove_label_values(&[&label]);
         }
     }
 
@@ -132,7 +137,9 @@ impl<'a> Reconciler<'a> {
     ) -> ConflistsPass {
         let mut pass = ConflistsPass::default();
         let mut shown = Vec::new();
-        for path in chosen {
+        for (i, path) in chosen.iter().enumerate() {
+            // The file the runtime uses: the one asked for, or of all, the first.
+            let runtimes = i == 0 || self.opts.choice != conf::Choice::All;
             let done = self.conflists.one(path, now);
             pass.wrote |= done.wrote;
             if done.injected {
@@ -158,6 +165,9 @@ impl<'a> Reconciler<'a> {
             m.fight
                 .with_label_values(&[&label])
                 .set(st.fight.fighting() as i64);
+            m.unsupported_version
+                .with_label_values(&[&label])
+                .set(st.unsupported.is_some() as i64);
             m.reverts.with_label_values(&[&label]).inc_by(0);
             m.injections.with_label_values(&[&label]).inc_by(0);
             status.conflists.push(ConfStatus {
@@ -165,6 +175,8 @@ impl<'a> Reconciler<'a> {
                 injected: done.injected,
                 fighting: st.fight.fighting(),
                 error: st.error.clone(),
+                unsupported: st.unsupported.clone(),
+                runtimes,
             });
             shown.push(done.file);
         }

@@ -34,6 +34,7 @@ pub struct Metrics {
     pub injections: IntCounterVec,
     pub reverts: IntCounterVec,
     pub fight: IntGaugeVec,
+    pub unsupported_version: IntGaugeVec,
     pub unrecorded: IntGaugeVec,
     pub binary_installed: IntGaugeVec,
     pub cri_up: IntGaugeVec,
@@ -178,6 +179,11 @@ impl Metrics {
             fight: gauge_vec(
                 "cni_ledger_conflist_fight",
                 "1 while another writer keeps reverting this conflist and the agent backs off.",
+                "file",
+            ),
+            unsupported_version: gauge_vec(
+                "cni_ledger_conflist_unsupported_version",
+                "1 when this conflist's chain runs at a cniVersion the ledger does not serve: it is left without the ledger.",
                 "file",
             ),
             unrecorded: gauge_vec(
