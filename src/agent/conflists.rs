@@ -31,6 +31,8 @@ pub struct FileState {
     /// The chain runs at a cniVersion the ledger does not serve: the version as shown
     /// (`version::Unserved::shown`); the file is left without the ledger.
     pub unsupported: Option<String>,
+    /// While `unsupported`: the agent took the ledger out of it (kept for `/readyz`).
+    took_out: bool,
 }
 
 /// What one file's pass came to.
@@ -186,10 +188,11 @@ impl<'a> Conflists<'a> {
         if let Err(why) = crate::cni::version::serves_list(single.as_ref().unwrap_or(&doc)) {
             return self.unserved(path, &read, &doc, why, net);
         }
-        self.files
-            .entry(path.to_path_buf())
-            .or_default()
-            .unsupported = None;
+        {
+            let st = self.files.entry(path.to_path_buf()).or_default();
+            st.unsupported = None;
+            st.took_out = false;
+        }
         if let Some(list) = single {
             return self.convert(path, &read, &list, now, net);
         }
@@ -268,10 +271,19 @@ impl<'a> Conflists<'a> {
         let has_ledger = crate::conflist::plugins(doc)
             .iter()
             .any(|p| crate::conflist::plugin_type(p) == plugin_type);
-        let mut error = format!(
-            "{why}: left as it is, without {plugin_type} (every ADD of the chain would fail \
-             in it); give the conflist a cniVersion the ledger serves to have it recorded"
-        );
+        let took_out = self.files.get(path).is_some_and(|st| st.took_out);
+        let mut error = if took_out {
+            format!(
+                "{why}: {plugin_type} was in its chain (failing every ADD) and was taken \
+                 out; give the conflist a cniVersion the ledger serves to have it recorded"
+            )
+        } else {
+            format!(
+                "{why}: left as it is, without {plugin_type} (every ADD of the chain would \
+                 fail in it); give the conflist a cniVersion the ledger serves to have it \
+                 recorded"
+            )
+        };
         let mut wrote = false;
         if has_ledger {
             let out = injection::plan(
@@ -321,6 +333,7 @@ impl<'a> Conflists<'a> {
         st.ours_doc = None;
         st.ours_ino = None;
         st.unsupported = Some(why.shown());
+        st.took_out |= wrote;
         if st.error.as_deref() != Some(error.as_str()) && !wrote {
             crate::warn!("agent: {}: {error}", path.display());
         }
