@@ -91,11 +91,6 @@ pub fn transform_with_dropins(
         }
         bail!("no \"plugins\" list: not a conflist");
     };
-    // A chain at a version the ledger does not serve would fail every ADD in the ledger,
-    // first in it (DESIGN §8: do no harm). Taking the ledger out is always allowed.
-    if !remove {
-        crate::cni::version::serves_list(doc)?;
-    }
     let (ours, others): (Vec<&Value>, Vec<&Value>) = plugins
         .iter()
         .partition(|p| conflist::plugin_type(p) == plugin_type);
@@ -776,18 +771,13 @@ mod tests {
     }
 
     #[test]
-    fn refuses_a_chain_at_a_version_the_ledger_does_not_serve_but_takes_it_out() {
+    fn takes_the_ledger_out_of_a_chain_at_any_version() {
         let opts = EntryOptions::default();
         for v in [json!(null), json!("0.1.0"), json!("0.2.0"), json!("")] {
             let mut doc = json!({"name":"n","plugins":[{"type":"bridge"}]});
             if !v.is_null() {
                 doc["cniVersion"] = v.clone();
             }
-            let e = transform(&doc, "cni-ledger", &opts, false).unwrap_err();
-            assert!(
-                e.to_string().contains("not a version the ledger serves"),
-                "{v}: {e:#}"
-            );
             // An older release's ledger in it comes out, head and tail.
             let mut injected = doc.clone();
             injected["plugins"] = json!([{"type":"cni-ledger"},{"type":"bridge"},{"type":"cni-ledger","role":"tail"}]);

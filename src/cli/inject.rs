@@ -1,7 +1,8 @@
 //! `cni-ledger inject`: put the ledger first in a conflist, declaring the union of the
 //! chain's capabilities (and nothing else: runtimes read a declared capability as "the
 //! chain handles it"), and its tail entry last (docs/CHAIN.md; `--no-tail` leaves it out
-//! or takes it out). Idempotent; `--remove` undoes it. Files are replaced by rename, so a
+//! or takes it out). Idempotent; `--remove` undoes it. A conflist whose chain runs at a
+//! `cniVersion` the ledger does not serve is refused. Files are replaced by rename, so a
 //! runtime watching the directory never reads half a file.
 
 use crate::injection::{plan, write_replacing, EntryOptions};
@@ -46,6 +47,11 @@ pub fn run(args: Args) -> Result<i32> {
             let bytes =
                 std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
             let planned = plan(path, &bytes, &args.plugin_type, &opts, args.remove)?;
+            // A chain at a version the ledger does not serve would fail every ADD in the
+            // ledger, first in it (DESIGN §8: do no harm); taking it out always works.
+            if !args.remove {
+                crate::cni::version::serves_list(&planned.doc)?;
+            }
             let dropin = planned.tail_dropin.as_ref().filter(|d| d.changed);
             let changed = planned.changed || dropin.is_some();
             if args.dry_run {
