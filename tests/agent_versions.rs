@@ -4,7 +4,9 @@
 //! `cni_ledger_conflist_unsupported_version`, and ADD through libcni works on every one;
 //! a conflist an older release injected at such a version gets the ledger taken out
 //! (with it, every ADD failed in the ledger's version check, which says so in skel's
-//! words); `cni-ledger inject` refuses all three. Needs root, curl, promtool and Go.
+//! words); `cni-ledger inject` refuses all three; a `cniVersions` list is read as libcni
+//! v1.1 and v1.3 each read it, and each runs the chains. Needs root, curl, promtool, Go,
+//! and libcni v1.3 with Go 1.27 under target/ (`driver13`).
 //!
 //!     cargo test --features testing --test agent_versions
 // Tests may unwrap: a panic there is a failed test with its message.
@@ -342,5 +344,63 @@ fn agent_takes_an_older_releases_ledger_out_of_a_versionless_chain_and_adds_work
     f.add("served", "eth0", Some(&ns.path_str()), None).unwrap();
     assert!(f.record_path("served", "eth0").exists());
     f.del("served", "eth0", Some(&ns.path_str()), None).unwrap();
+    drop(agent);
+}
+
+#[test]
+fn cniversions_are_read_as_libcni_1_1_and_1_3_read_them() {
+    require_root!();
+    let mut f = Fixture::new();
+    fs::remove_file(&f.conf_file).unwrap();
+    let tag = format!("clv{}", next_id());
+    // Served under both: v1.1 runs it at 0.4.0, v1.3 at the highest listed not above
+    // 1.1.0, 1.0.0.
+    let both = format!("{tag}-both");
+    let mut doc = network_doc(&f, 0, &both, Some("0.4.0"));
+    doc["cniVersions"] = json!(["1.0.0", "0.3.1", "9.9.9"]);
+    let both_file = f.conf_dir.join("10-both.conflist");
+    write_in_place(&both_file, &doc);
+    // v1.3 runs it at 1.0.0 but v1.1 at 0.2.0: with the ledger, a v1.1 runtime's ADDs fail.
+    let split = format!("{tag}-split");
+    let mut doc = network_doc(&f, 1, &split, Some("0.2.0"));
+    doc["cniVersions"] = json!(["1.0.0"]);
+    let split_file = f.conf_dir.join("20-split.conflist");
+    write_in_place(&split_file, &doc);
+    let before = file_state(&split_file);
+
+    let bin = preinstalled_bin(&f);
+    let log = f.tmp.path().join("agent.log");
+    let mut args = dir_args(&bin, &f.conf_dir, &f.ledger_dir, &f.cache_dir);
+    args.extend(["--conflist".to_string(), "all".to_string()]);
+    let agent = Agent::start(&ledger_bin(), &args, &log, None);
+    wait_for(5 * SECOND, || ledger_first(&both_file))
+        .unwrap_or_else(|| panic!("never injected:\n{}", agent.log_text()));
+    wait_for(2 * SECOND, || agent.get("/readyz").1.contains("WARN"))
+        .unwrap_or_else(|| panic!("no WARN line:\n{}", agent.get("/readyz").1));
+    let (code, body) = agent.get("/readyz");
+    assert_eq!(code, 200, "the runtime's file has the ledger: {body}");
+    assert!(
+        body.contains(&format!(
+            "WARN {}: unsupported cniVersion 0.2.0/1.0.0: libcni v1.1 runs it at cniVersion \"0.2.0\"",
+            split_file.display()
+        )),
+        "{body}"
+    );
+
+    // Each libcni runs both networks; the served one is recorded under each.
+    let pod = Netns::new();
+    for (driver, cid) in [(driver(), "l11"), (driver13(), "l13")] {
+        f.driver = driver;
+        f.network = both.clone();
+        f.add(cid, "eth0", Some(&pod.path_str()), None)
+            .unwrap_or_else(|e| panic!("{cid} ADD on {both}: {e}"));
+        assert!(f.record_path(cid, "eth0").exists(), "{cid}: not recorded");
+        f.del(cid, "eth0", Some(&pod.path_str()), None).unwrap();
+        f.network = split.clone();
+        f.add(cid, "eth0", Some(&pod.path_str()), None)
+            .unwrap_or_else(|e| panic!("{cid} ADD on {split}: {e}"));
+        f.del(cid, "eth0", Some(&pod.path_str()), None).unwrap();
+    }
+    assert_eq!(file_state(&split_file), before, "written");
     drop(agent);
 }
