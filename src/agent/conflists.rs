@@ -147,6 +147,11 @@ impl<'a> Conflists<'a> {
         if let Some(target) = injection::symlink_target(path) {
             return Some(self.linked(path, &target));
         }
+        // Set again below while the version stays unserved; any other finding replaces it.
+        self.files
+            .entry(path.to_path_buf())
+            .or_default()
+            .unsupported = None;
         let read = match injection::read_for_edit(path) {
             Ok(r) => r,
             Err(e) => {
@@ -188,11 +193,7 @@ impl<'a> Conflists<'a> {
         if let Err(why) = crate::cni::version::serves_list(single.as_ref().unwrap_or(&doc)) {
             return self.unserved(path, &read, &doc, why, net);
         }
-        {
-            let st = self.files.entry(path.to_path_buf()).or_default();
-            st.unsupported = None;
-            st.took_out = false;
-        }
+        self.files.entry(path.to_path_buf()).or_default().took_out = false;
         if let Some(list) = single {
             return self.convert(path, &read, &list, now, net);
         }
