@@ -177,6 +177,8 @@ fn table_cells(row: &Row, now: i64) -> Vec<String> {
 fn other_cells(row: &OtherRow) -> Vec<String> {
     let note = match &row.quarantined_to {
         Some(q) => format!("quarantined: {q}"),
+        // Why a record is shown but not judged (after a rollback).
+        None if row.reason.starts_with("newer-format") => row.details.clone(),
         None => String::new(),
     };
     vec![
@@ -352,7 +354,7 @@ pub fn run(args: Args) -> Result<i32> {
                 file: e.path.display().to_string(),
                 state: "unknown",
                 reason: format!("newer-format-{v}"),
-                details: "written by a newer cni-ledger; left alone".into(),
+                details: "newer format, left for a newer binary".into(),
                 quarantined_to: None,
             }),
             Decoded::Damaged(Damage { reason, detail }) => acc.damaged.push(Damaged {
