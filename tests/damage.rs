@@ -154,12 +154,23 @@ fn damaged_records_are_detected_quarantined_and_never_replayed() {
         let vout = text(&v.stdout);
         assert_eq!(v.status.code(), Some(1), "verify: {}", describe(&v));
         for (cid, (class, _, _)) in &variants {
-            if *class != Class::Harmless {
-                assert!(
+            let path = w.record_path(cid).display().to_string();
+            match class {
+                Class::Damaged => assert!(
                     verify_names(&vout, &w.record_path(cid)),
                     "{}: verify does not name it:\n{vout}",
                     ctx(cid)
-                );
+                ),
+                // Named apart, as no damage.
+                Class::Newer => assert!(
+                    !verify_names(&vout, &w.record_path(cid))
+                        && vout
+                            .lines()
+                            .any(|l| l.starts_with("newer: ") && l.contains(&path)),
+                    "{}: verify does not name it newer:\n{vout}",
+                    ctx(cid)
+                ),
+                Class::Harmless => {}
             }
         }
         assert!(!verify_names(&vout, &w.record_path("live-0")));
