@@ -119,7 +119,9 @@ pub fn check(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
         .read(&key.stem())
         .map_err(ledger_error)?
     {
-        Some(Decoded::Ok(_)) => Ok(()),
+        // After a rollback: recorded, by a newer binary; failing CHECK would fail a pod
+        // that is as it was.
+        Some(Decoded::Ok(_) | Decoded::Newer(_)) => Ok(()),
         Some(Decoded::Damaged(Damage { reason, .. })) => Err(CniError::new(
             error::IO_FAILURE,
             format!("ledger record is damaged ({reason})"),
