@@ -337,6 +337,20 @@ fn a_rollback_leaves_newer_records_and_their_snapshots_whole() {
         describe(&out)
     );
 
+    // gc's table says so too.
+    let cache = f.cache_dir.display().to_string();
+    let human = f.ledger(&["gc", "--grace", "0", "--cni-cache-dir", &cache]);
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert_eq!(human.status.code(), Some(0), "gc: {}", describe(&human));
+    assert!(text.contains(", damaged 0, newer format 2"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "newer: {} (format 2): newer format, left for a newer binary",
+            newer_path.display()
+        )),
+        "{text}"
+    );
+
     // verify: counted apart, not damage, exit 0.
     let v = f.ledger(&["verify"]);
     let text = String::from_utf8_lossy(&v.stdout);
