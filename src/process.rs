@@ -1,6 +1,7 @@
 //! The process's start: what std's runtime start did that this binary still needs, now
 //! that its entry point is C's `main` (src/main.rs). Standard descriptors 0–2 are open,
-//! and a write to a closed pipe fails with EPIPE instead of killing the process.
+//! and a write to a closed pipe fails with EPIPE instead of killing the process. And
+//! the lock that keeps spawned children from holding a new executable open for writing.
 
 use nix::fcntl::{fcntl, FcntlArg};
 use nix::sys::signal::{signal, SigHandler, Signal};
@@ -44,4 +45,25 @@ fn keep_standard_fds_open() {
             Err(_) => break,
         }
     }
+}
+
+/// Shared while a child is spawned, exclusive while an executable is written (the agent
+/// installing the plugin). A child holds a copy of every descriptor from its fork until
+/// its exec closes them (`O_CLOEXEC` acts only at exec): forked while the temp file's
+/// write descriptor was open, it would keep the file open for writing after the rename,
+/// and a runtime's exec of the plugin in that window would fail with ETXTBSY.
+static EXEC_WRITE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Held around `Command::spawn`.
+pub fn spawn_guard() -> std::sync::RwLockReadGuard<'static, ()> {
+    EXEC_WRITE
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Held from opening an executable for writing until that descriptor is closed.
+pub fn exec_write_guard() -> std::sync::RwLockWriteGuard<'static, ()> {
+    EXEC_WRITE
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }

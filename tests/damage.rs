@@ -154,12 +154,23 @@ fn damaged_records_are_detected_quarantined_and_never_replayed() {
         let vout = text(&v.stdout);
         assert_eq!(v.status.code(), Some(1), "verify: {}", describe(&v));
         for (cid, (class, _, _)) in &variants {
-            if *class != Class::Harmless {
-                assert!(
+            let path = w.record_path(cid).display().to_string();
+            match class {
+                Class::Damaged => assert!(
                     verify_names(&vout, &w.record_path(cid)),
                     "{}: verify does not name it:\n{vout}",
                     ctx(cid)
-                );
+                ),
+                // Named apart, as no damage.
+                Class::Newer => assert!(
+                    !verify_names(&vout, &w.record_path(cid))
+                        && vout
+                            .lines()
+                            .any(|l| l.starts_with("newer: ") && l.contains(&path)),
+                    "{}: verify does not name it newer:\n{vout}",
+                    ctx(cid)
+                ),
+                Class::Harmless => {}
             }
         }
         assert!(!verify_names(&vout, &w.record_path("live-0")));
@@ -211,7 +222,7 @@ fn damaged_records_are_detected_quarantined_and_never_replayed() {
                     .find(|c| w.record_path(c).display().to_string() == file)
                     .unwrap_or_else(|| panic!("gc reports {file} damaged: {d}"));
                 match variants[cid].0 {
-                    Class::Newer => assert!(d["quarantinedTo"].is_null(), "{d}"),
+                    Class::Newer => panic!("{}: a newer record reported damaged: {d}", ctx(cid)),
                     _ => {
                         assert!(
                             d["quarantinedTo"].is_string(),
@@ -229,9 +240,23 @@ fn damaged_records_are_detected_quarantined_and_never_replayed() {
                     "gc acted on {cid}: {r}"
                 );
             }
-            // exit 1 while anything damaged was found (or a newer record is left)
-            let newer = variants.values().any(|v| v.0 == Class::Newer);
-            let want = if rep["damaged"].as_array().unwrap().is_empty() && !newer {
+            // newer records are reported apart, neither damage nor a failure
+            let newer: BTreeSet<String> = variants
+                .iter()
+                .filter(|(_, v)| v.0 == Class::Newer)
+                .map(|(c, _)| w.record_path(c).display().to_string())
+                .collect();
+            let reported: BTreeSet<String> = rep["newer"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|n| n["file"].as_str().unwrap().to_string())
+                        .collect()
+                })
+                .unwrap_or_default();
+            assert_eq!(reported, newer, "gc's newer-format records: {rep}");
+            // exit 1 while anything damaged was found
+            let want = if rep["damaged"].as_array().unwrap().is_empty() {
                 0
             } else {
                 1
@@ -292,10 +317,10 @@ fn damaged_records_are_detected_quarantined_and_never_replayed() {
         );
         assert!(w.record_path("live-0").exists());
         let v = w.verify();
-        let newer = variants.values().any(|v| v.0 == Class::Newer);
+        // Quarantined damage is no damage left; a newer record is none at all.
         assert_eq!(
             v.status.code(),
-            Some(if newer { 1 } else { 0 }),
+            Some(0),
             "verify after gc: {}",
             describe(&v)
         );

@@ -691,7 +691,8 @@ fn gc_reports_what_it_could_not_clean_as_try_again_later() {
 }
 
 /// gc never acts on a record it cannot trust: a damaged one is quarantined and its
-/// chain is not run; one of a newer format is left in place for a newer cni-ledger.
+/// chain is not run; one of a newer format is left in place for a newer cni-ledger, by
+/// gc and by DEL alike, and CHECK takes it for a record.
 #[test]
 #[cfg_attr(
     not(feature = "testing"),
@@ -726,9 +727,17 @@ fn gc_quarantines_damaged_records_and_leaves_newer_formats_alone() {
         newer_bytes,
         "newer format: untouched"
     );
-    // DEL of that attachment is the runtime's word that it is gone: the file goes.
+    // CHECK: it is recorded, if by a newer binary.
+    w.verb("CHECK", "new", &w.conf("1.0.0"))
+        .assert_quiet_success();
+    // DEL of that attachment succeeds (every plugin before the head has torn it down)
+    // and leaves the file whole: what a newer format asks of DEL is not known here.
     w.del("new").assert_quiet_success();
-    assert!(!newer.exists());
+    assert_eq!(
+        fs::read(&newer).unwrap(),
+        newer_bytes,
+        "newer format: DEL left it"
+    );
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 //! Installing the plugin binary into the host's CNI bin dirs from the agent's own
 //! executable. Never written in place: a runtime may be executing the old copy (a write
 //! would fail with ETXTBSY, or worse, tear it); a temp file, fsynced, renamed over the old
-//! name leaves a running copy its own inode and every new exec a whole file.
+//! name leaves a running copy its own inode and every new exec a whole file. No child of
+//! the agent (a gc replay) is forked while the temp file is open for writing, or it would
+//! hold it open past the rename and make the runtime's exec fail with ETXTBSY.
 
 use anyhow::{Context, Result};
 use std::os::unix::fs::MetadataExt;
@@ -104,7 +106,11 @@ fn replace_executable(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     // A fresh O_EXCL temp: a name planted in the bin dir (a symlink to a file the agent
     // would then overwrite as root) is never opened.
-    let tmp = crate::ledger::fsio::write_temp(dir, name, bytes, "binary", 0o755)?;
+    // No child is forked while its write descriptor is open (`process::exec_write_guard`).
+    let tmp = {
+        let _no_spawn = crate::process::exec_write_guard();
+        crate::ledger::fsio::write_temp(dir, name, bytes, "binary", 0o755)?
+    };
     let target = dir.join(name);
     if let Err(e) = std::fs::rename(&tmp, &target) {
         let _ = std::fs::remove_file(&tmp);

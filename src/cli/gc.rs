@@ -165,8 +165,12 @@ fn print_human(r: &Report) {
         0 => String::new(),
         n => format!(", unreadable {n}"),
     };
+    let newer = match s.newer {
+        0 => String::new(),
+        n => format!(", newer format {n}"),
+    };
     println!(
-        "{}stale {}, {} {}, retrying {}, failed {}, skipped {}, live {}, damaged {}{unreadable}",
+        "{}stale {}, {} {}, retrying {}, failed {}, skipped {}, live {}, damaged {}{unreadable}{newer}",
         if r.dry_run { "dry run: " } else { "" },
         s.stale,
         done,
@@ -250,6 +254,9 @@ fn print_human(r: &Report) {
             "unreadable: {} ({}); left in place, read again next run",
             u.file, u.error
         );
+    }
+    for n in &r.newer {
+        println!("newer: {} (format {}): {}", n.file, n.format, n.reason);
     }
     for d in &r.damaged {
         println!(

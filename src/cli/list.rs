@@ -132,11 +132,33 @@ impl Chains {
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct OtherRow {
+    /// A newer-format record's key, where a tolerant read finds it.
+    #[serde(flatten)]
+    key: Option<KeyFields>,
     file: String,
     state: &'static str,
     reason: String,
     details: String,
     quarantined_to: Option<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct KeyFields {
+    network: String,
+    container_id: String,
+    ifname: String,
+}
+
+/// The key a newer-format record names, read tolerantly (`record::newer_view`).
+fn newer_key(path: &std::path::Path) -> Option<KeyFields> {
+    let bytes = std::fs::read(path).ok()?;
+    let key = crate::ledger::record::newer_view(&bytes)?.key?;
+    Some(KeyFields {
+        network: key.network,
+        container_id: key.container_id,
+        ifname: key.ifname,
+    })
 }
 
 /// The CHAIN cell: the state, and for a completed chain how long its ADD took.
@@ -177,12 +199,18 @@ fn table_cells(row: &Row, now: i64) -> Vec<String> {
 fn other_cells(row: &OtherRow) -> Vec<String> {
     let note = match &row.quarantined_to {
         Some(q) => format!("quarantined: {q}"),
+        // Why a record is shown but not judged (after a rollback).
+        None if row.reason.starts_with("newer-format") => row.details.clone(),
         None => String::new(),
     };
+    let (network, container, ifname) = match &row.key {
+        Some(k) => (k.network.clone(), k.container_id.clone(), k.ifname.clone()),
+        None => ("-".into(), row.file.clone(), "-".into()),
+    };
     vec![
-        "-".into(),
-        row.file.clone(),
-        "-".into(),
+        network,
+        container,
+        ifname,
         row.state.into(),
         row.reason.clone(),
         "-".into(),
@@ -197,6 +225,7 @@ fn damaged_row(ledger: &Ledger, d: Damaged) -> OtherRow {
         Quarantine::Busy | Quarantine::Replaced | Quarantine::Failed(_) => None,
     };
     OtherRow {
+        key: None,
         file: d.path.display().to_string(),
         state: "damaged",
         reason: d.reason.as_str().into(),
@@ -349,10 +378,11 @@ pub fn run(args: Args) -> Result<i32> {
                 }
             }
             Decoded::Newer(v) => acc.others.push(OtherRow {
+                key: newer_key(&e.path),
                 file: e.path.display().to_string(),
                 state: "unknown",
                 reason: format!("newer-format-{v}"),
-                details: "written by a newer cni-ledger; left alone".into(),
+                details: "newer format, left for a newer binary".into(),
                 quarantined_to: None,
             }),
             Decoded::Damaged(Damage { reason, detail }) => acc.damaged.push(Damaged {
@@ -363,6 +393,7 @@ pub fn run(args: Args) -> Result<i32> {
             }),
             // A failed read says nothing of the content: listed, left where it is.
             Decoded::Unreadable(error) => acc.others.push(OtherRow {
+                key: None,
                 file: e.path.display().to_string(),
                 state: "unknown",
                 reason: "unreadable".into(),

@@ -14,6 +14,7 @@ pub fn run(args: Args) -> Result<i32> {
     let ledger = Ledger::at(&args.ledger_dir);
     let mut problems = Vec::new();
     let mut records = 0usize;
+    let mut newer = Vec::new();
     let mut referenced = std::collections::HashSet::new();
     ledger.for_each(|e| match e.decoded {
         Decoded::Ok(r) => {
@@ -22,8 +23,9 @@ pub fn run(args: Args) -> Result<i32> {
                 referenced.insert(s);
             }
         }
-        Decoded::Newer(v) => problems.push(format!(
-            "{}: format {v} is newer than this binary",
+        // Not damage: left whole for the binary that wrote it (after a rollback).
+        Decoded::Newer(v) => newer.push(format!(
+            "{}: format {v}, newer format, left for a newer binary",
             e.path.display()
         )),
         Decoded::Damaged(Damage { reason, detail }) => {
@@ -52,8 +54,16 @@ pub fn run(args: Args) -> Result<i32> {
     for p in &problems {
         println!("damaged: {p}");
     }
+    for n in &newer {
+        println!("newer: {n}");
+    }
+    // The count of newer ones only when there are some: the line stays as it always was.
+    let newer = match newer.len() {
+        0 => String::new(),
+        n => format!(", {n} newer-format record(s) (not damage)"),
+    };
     println!(
-        "{records} record(s), {} snapshot(s), {} damaged, {quarantined} in quarantine, {leftovers} temporary file(s)",
+        "{records} record(s){newer}, {} snapshot(s), {} damaged, {quarantined} in quarantine, {leftovers} temporary file(s)",
         hashes.len(),
         problems.len()
     );

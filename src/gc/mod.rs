@@ -14,8 +14,8 @@ pub use policy::{
     BACKOFF_MAX_SECS,
 };
 pub use report::{
-    failure_text, Action, ConfigSource, CriSummary, DamagedReport, RecordReport, Report, Summary,
-    UnreadableReport,
+    failure_text, Action, ConfigSource, CriSummary, DamagedReport, NewerReport, RecordReport,
+    Report, Summary, UnreadableReport,
 };
 
 use crate::ledger::{Damage, Damaged, Decoded, Entry, Ledger, Quarantine, Record};
@@ -198,7 +198,7 @@ struct Scan {
     live: usize,
     candidates: Vec<Candidate>,
     runtime: BTreeMap<String, RuntimeTally>,
-    newer: Vec<DamagedReport>,
+    newer: Vec<NewerReport>,
     damaged: Vec<Damaged>,
     unreadable: Vec<UnreadableReport>,
 }
@@ -224,10 +224,10 @@ impl Scan {
                     }),
                 }
             }
-            Decoded::Newer(format) => self.newer.push(DamagedReport {
+            Decoded::Newer(format) => self.newer.push(NewerReport {
                 file: entry.path.display().to_string(),
-                reason: format!("newer-format {format}: left for a newer cni-ledger"),
-                quarantined_to: None,
+                format,
+                reason: NewerReport::REASON,
             }),
             Decoded::Damaged(Damage { reason, detail }) => self.damaged.push(Damaged {
                 stem: entry.stem,
@@ -264,7 +264,7 @@ fn scan(
         }
         report.summary.live += scan.live;
         candidates.extend(scan.candidates);
-        report.damaged.extend(scan.newer);
+        report.newer.extend(scan.newer);
         damaged.extend(scan.damaged);
         report.unreadable.extend(scan.unreadable);
     }
@@ -284,6 +284,11 @@ fn scan(
     // By file, not in the scan workers' finishing order: the same ledger, the same report.
     report.damaged.sort_by(|a, b| a.file.cmp(&b.file));
     report.unreadable.sort_by(|a, b| a.file.cmp(&b.file));
+    report.newer.sort_by(|a, b| a.file.cmp(&b.file));
+    report.summary.newer = report.newer.len();
+    for n in &report.newer {
+        crate::info!("gc: {}: format {}: {}", n.file, n.format, n.reason);
+    }
     report.summary.damaged = report.damaged.len();
     report.summary.unreadable = report.unreadable.len();
     if !opts.dry_run {

@@ -249,8 +249,11 @@ fn invoke_del(bin: &Path, config: &Value, inv: &Invocation) -> Result<(), Replay
         .stderr(Stdio::piped())
         // Its own process group, so a timeout kills whatever it started too.
         .process_group(0);
-    let mut child = cmd
-        .spawn()
+    let spawned = {
+        let _no_exec_written = crate::process::spawn_guard();
+        cmd.spawn()
+    };
+    let mut child = spawned
         .map_err(|e| ReplayError::without_exit(format!("cannot run {}: {e}", bin.display())))?;
     let pid = child.id() as i32;
     let stdin = serde_json::to_vec(config).unwrap_or_default();

@@ -21,6 +21,9 @@ pub struct Summary {
     /// Records that could not be read this run (I/O error, no fd, no memory): left in
     /// place, neither judged nor quarantined, read again next run.
     pub unreadable: usize,
+    /// Records of a newer format (a rollback): left whole for the binary that wrote
+    /// them, with the snapshot they name; neither damage nor anything left to do.
+    pub newer: usize,
 }
 
 /// What became of one stale record in a run (`action` in the report).
@@ -169,6 +172,19 @@ pub struct DamagedReport {
     pub quarantined_to: Option<String>,
 }
 
+/// A record of a newer format, left whole for a newer binary.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NewerReport {
+    pub file: String,
+    pub format: u32,
+    pub reason: &'static str,
+}
+
+impl NewerReport {
+    pub const REASON: &'static str = "newer format, left for a newer binary";
+}
+
 /// A record file a scan could not read, and the error.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -196,6 +212,9 @@ pub struct Report {
     /// Absent when every record could be read.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unreadable: Vec<UnreadableReport>,
+    /// Absent when there is none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub newer: Vec<NewerReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cri: Option<CriSummary>,
     /// Why the CRI runtime's list judged nothing this run, when its answer could not
@@ -216,7 +235,8 @@ pub struct CriSummary {
 impl Report {
     /// 0 when nothing stale remains to be cleaned (records in their grace period are not
     /// judged yet), 1 when something is left for later (an unreadable record too: it
-    /// was not judged) or, in a dry run, would be replayed.
+    /// was not judged) or, in a dry run, would be replayed. A newer-format record is
+    /// not for this binary to clean: it counts for neither.
     pub fn exit_code(&self) -> i32 {
         let s = &self.summary;
         if s.retrying + s.failed + s.would_replay + s.unreadable > 0 || !self.damaged.is_empty() {

@@ -394,14 +394,26 @@ impl Ledger {
         };
         let mut used = std::collections::HashSet::new();
         let mut unread = 0;
+        let mut untold = 0;
         self.for_each(|e| match e.decoded {
             Decoded::Ok(r) => used.extend(r.snapshot),
             // Its snapshot is unknown, and it is still a record: any may be its.
             Decoded::Unreadable(_) => unread += 1,
-            Decoded::Damaged(..) | Decoded::Newer(_) => {}
+            // Left for the newer binary, with the chain it will replay.
+            Decoded::Newer(_) => match newer_record_snapshots(&e.path) {
+                Some(hashes) => used.extend(hashes),
+                None => untold += 1,
+            },
+            Decoded::Damaged(..) => {}
         })?;
         if unread > 0 {
             crate::warn!("snapshot sweep skipped: {unread} record(s) could not be read");
+            return Ok(0);
+        }
+        if untold > 0 {
+            crate::warn!(
+                "snapshot sweep skipped: {untold} newer-format record(s) name snapshots this binary cannot tell"
+            );
             return Ok(0);
         }
         let mut removed = 0;
@@ -494,6 +506,19 @@ fn check_name(stem: &str, decoded: Decoded) -> Decoded {
             format!("file {stem} holds the record of {}", r.key()),
         )),
         other => other,
+    }
+}
+
+/// The snapshots a newer-format record may name (`record::newer_view`); None when that
+/// cannot be told, and every snapshot must then be kept. A file gone since the listing
+/// names none.
+fn newer_record_snapshots(path: &Path) -> Option<Vec<String>> {
+    match fsio::read_nofollow(path, MAX_RECORD) {
+        Ok(bytes) => record::newer_view(&bytes)
+            .filter(|v| v.snapshots_known)
+            .map(|v| v.hashes),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Some(Vec::new()),
+        Err(_) => None,
     }
 }
 

@@ -322,6 +322,67 @@ pub fn decode(bytes: &[u8]) -> Decoded {
     }
 }
 
+/// What an older binary can still tell of a record of a newer format (`Decoded::Newer`),
+/// read tolerantly: which snapshots it may name, and its key where the fields of this
+/// format still hold it. Never used to act on the record, only to leave it and what it
+/// refers to whole.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct NewerView {
+    /// Every 64-hex run in any string of the file but the envelope's own `sha256`: the
+    /// snapshot(s) it names, whatever the field or its shape (`"sha256:<hex>"`, a path).
+    pub hashes: Vec<String>,
+    /// None: the names it uses for snapshots cannot be told (no hash found, and no
+    /// `record.snapshot: null` saying it has none): a sweep must keep every snapshot.
+    pub snapshots_known: bool,
+    pub key: Option<Key>,
+}
+
+/// `NewerView` of a file's bytes; None when they are not JSON at all.
+pub fn newer_view(bytes: &[u8]) -> Option<NewerView> {
+    let mut v: Value = serde_json::from_slice(bytes).ok()?;
+    if let Some(env) = v.as_object_mut() {
+        env.remove("sha256");
+    }
+    let mut hashes = Vec::new();
+    collect_hex64(&v, &mut hashes);
+    hashes.sort();
+    hashes.dedup();
+    let rec = v.get("record");
+    let says_none = rec
+        .and_then(|r| r.as_object())
+        .and_then(|r| r.get("snapshot"))
+        .is_some_and(Value::is_null);
+    let field = |name: &str| {
+        rec.and_then(|r| r.get(name))
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    let key = match (field("network"), field("containerId"), field("ifname")) {
+        (Some(n), Some(c), Some(i)) => Some(Key::new(n, c, i)),
+        _ => None,
+    };
+    Some(NewerView {
+        snapshots_known: !hashes.is_empty() || says_none,
+        hashes,
+        key,
+    })
+}
+
+fn collect_hex64(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::String(s) => {
+            for run in s.split(|c: char| !c.is_ascii_hexdigit()) {
+                if run.len() == 64 {
+                    out.push(run.to_ascii_lowercase());
+                }
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|v| collect_hex64(v, out)),
+        Value::Object(o) => o.values().for_each(|v| collect_hex64(v, out)),
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 pub(crate) fn sample() -> Record {
     Record {
@@ -405,6 +466,29 @@ mod tests {
     fn newer_format_is_not_damage() {
         let bytes = br#"{"format":9,"sha256":"x","record":{}}"#;
         assert!(matches!(decode(bytes), Decoded::Newer(9)));
+    }
+
+    #[test]
+    fn a_newer_record_shows_the_snapshots_it_names_however_it_names_them() {
+        let h1 = "ab".repeat(32);
+        let h2 = "0c".repeat(32);
+        let bytes = format!(
+            r#"{{"format":2,"sha256":"{}","record":{{"network":"n","containerId":"c","ifname":"eth0","snapshot":"{h1}","more":[{{"ref":"sha256:{h2}"}}]}}}}"#,
+            "ee".repeat(32)
+        );
+        let v = newer_view(bytes.as_bytes()).unwrap();
+        assert_eq!(v.hashes, vec![h2.clone(), h1.clone()]);
+        assert!(v.snapshots_known);
+        assert_eq!(v.key, Some(Key::new("n", "c", "eth0")));
+        // No hash and no word that it has none: unknown, so a sweep keeps them all.
+        let v = newer_view(br#"{"format":2,"record":{"snap":{"b64":"q83v"}}}"#).unwrap();
+        assert!(!v.snapshots_known && v.hashes.is_empty() && v.key.is_none());
+        let v = newer_view(br#"{"format":2,"record":{"snapshot":null}}"#).unwrap();
+        assert!(v.snapshots_known && v.hashes.is_empty());
+        // A 65-hex run is no sha256.
+        let v = newer_view(format!(r#"{{"x":"{h1}f"}}"#).as_bytes()).unwrap();
+        assert!(v.hashes.is_empty());
+        assert!(newer_view(b"{not json").is_none());
     }
 
     #[test]

@@ -170,6 +170,8 @@ pub fn run(opts: &Options) -> Result<Report> {
                 report.already_recorded += 1;
                 continue;
             }
+            // Removed since the listing: libcni finished a DEL (or gc a replay).
+            Err(_) if std::fs::symlink_metadata(&path).is_err() => continue,
             Err(reason) => {
                 crate::warn!(
                     "adopt: {}: {reason}; not adopted, never acted on",
@@ -185,6 +187,14 @@ pub fn run(opts: &Options) -> Result<Report> {
         let key = Key::new(&entry.network, &entry.container_id, &entry.ifname);
         if ledger.read(&key.stem())?.is_some() {
             report.already_recorded += 1;
+            continue;
+        }
+        if added_through_the_ledger(&entry) {
+            crate::info!(
+                "adopt: {key}: its chain held the ledger, whose record is gone: a DEL (or gc) \
+                 released it and libcni drops {} next; not adopted",
+                path.display()
+            );
             continue;
         }
         let (cni_path, missing_plugins) = cni_path_for(&entry, opts.cni_path.as_deref());
@@ -484,6 +494,17 @@ pub fn record_for(entry: &CacheEntry, boot: &str, booted_at: i64, cni_path: &str
     }
 }
 
+/// The cached chain holds the ledger: its ADD was recorded, so a missing record was
+/// removed by the attachment's DEL, which runs before libcni drops the cache file (an
+/// agent restarted mid-DEL, at an upgrade, would otherwise record a deleted attachment).
+fn added_through_the_ledger(entry: &CacheEntry) -> bool {
+    crate::conflist::parse(&entry.config_bytes).is_some_and(|list| {
+        crate::conflist::plugins(&list)
+            .iter()
+            .any(|p| crate::conflist::plugin_type(p) == DEFAULT_PLUGIN_TYPE)
+    })
+}
+
 /// Writes the record under the key's lock, only if there still is none and the cache
 /// entry is still there: an ADD or another adopt may have made a record since the first
 /// look, and a gc may have released the attachment (it removes the record and then the
@@ -630,6 +651,17 @@ mod tests {
         assert_eq!(path, s(&b));
         assert_eq!(missing, ["portmap"]);
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn an_entry_added_through_the_ledger_is_not_adopted_without_its_record() {
+        let mut e = entry("", 100);
+        assert!(!added_through_the_ledger(&e));
+        e.config_bytes =
+            br#"{"name":"pods","plugins":[{"type":"cni-ledger"},{"type":"bridge"}]}"#.to_vec();
+        assert!(added_through_the_ledger(&e));
+        e.config_bytes = b"{not json".to_vec();
+        assert!(!added_through_the_ledger(&e));
     }
 
     #[test]

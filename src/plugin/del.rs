@@ -69,13 +69,13 @@ pub fn del(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
             unreachable_ledger(&key, &ledger, &why);
             return Ok(());
         }
-        Some(Decoded::Newer(_)) => match ledger.remove(&stem) {
-            Ok(_) => crate::info!("DEL {key}: record removed"),
-            Err(e) => {
-                unreachable_ledger(&key, &ledger, &format!("{e:#}"));
-                return Ok(());
-            }
-        },
+        // Written by a newer binary (this one was rolled back): what its DEL must do
+        // besides dropping the file is unknown here, so the record is left whole for
+        // that binary's gc, whose replay of an idempotent DEL costs nothing. DEL succeeds:
+        // every other plugin's DEL already has.
+        Some(Decoded::Newer(format)) => crate::warn!(
+            "DEL {key}: record of format {format}: newer format, left for a newer binary"
+        ),
         Some(Decoded::Damaged(Damage { reason, detail })) => {
             // The runtime tore the attachment down, but a damaged file is never dropped
             // unseen: it goes to quarantine for an operator to look at.
@@ -119,7 +119,9 @@ pub fn check(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
         .read(&key.stem())
         .map_err(ledger_error)?
     {
-        Some(Decoded::Ok(_)) => Ok(()),
+        // After a rollback: recorded, by a newer binary; failing CHECK would fail a pod
+        // that is as it was.
+        Some(Decoded::Ok(_) | Decoded::Newer(_)) => Ok(()),
         Some(Decoded::Damaged(Damage { reason, .. })) => Err(CniError::new(
             error::IO_FAILURE,
             format!("ledger record is damaged ({reason})"),
