@@ -176,6 +176,7 @@ mod tests {
             attempts: 1,
             last_error: None,
             next_attempt_at: None,
+            retired: false,
         }
     }
 
