@@ -137,7 +137,7 @@ mod tests {
         assert!(l.read(&stem).unwrap().is_none());
         assert!(!l.has_record_file(&stem));
         match l.read_retired(&stem).unwrap() {
-            Some(Decoded::Ok(r)) => assert_eq!(r, rec),
+            Some(Decoded::Ok(r)) => assert_eq!(*r, rec),
             other => panic!("{other:?}"),
         }
         let mut seen = Vec::new();
@@ -145,7 +145,7 @@ mod tests {
         assert_eq!(seen, vec![stem.clone()]);
 
         l.restore_retired(&lock, &stem).unwrap();
-        assert!(matches!(l.read(&stem).unwrap(), Some(Decoded::Ok(r)) if r == rec));
+        assert!(matches!(l.read(&stem).unwrap(), Some(Decoded::Ok(r)) if *r == rec));
         assert!(l.read_retired(&stem).unwrap().is_none());
 
         // A damaged retired file reads damaged, as a record would.
