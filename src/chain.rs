@@ -182,7 +182,10 @@ mod tests {
         let (mut r, now) = aged(10);
         r.boot_id = "b".into();
         // created_boot_secs is unset: the age is read on the wall clock.
-        assert!(!may_complete(&r, "b", now, 900), "no tail: nothing to wait for");
+        assert!(
+            !may_complete(&r, "b", now, 900),
+            "no tail: nothing to wait for"
+        );
         r.tail = true;
         assert!(may_complete(&r, "b", now, 900));
         assert!(!may_complete(&r, "another", now, 900), "another boot");
@@ -199,7 +202,10 @@ mod tests {
         assert!(!may_complete(&r, "b", now, 900), "completed");
         r.chain = None;
         r.created_at = "garbage".into();
-        assert!(may_complete(&r, "b", now, 0), "unknown age errs towards may");
+        assert!(
+            may_complete(&r, "b", now, 0),
+            "unknown age errs towards may"
+        );
     }
 
     #[test]

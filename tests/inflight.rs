@@ -34,7 +34,9 @@ fn fixture() -> Fixture {
     f.driver = driver13();
     let to = f.bin_dir.join(SLOW);
     fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/plugins").join(SLOW),
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata/plugins")
+            .join(SLOW),
         &to,
     )
     .unwrap();
@@ -69,13 +71,24 @@ fn gate_file(f: &Fixture) -> PathBuf {
 /// recorded it, bridge has not run.
 fn start_held_add(f: &Fixture, cid: &str, ns: &Netns) -> Child {
     let mut c = f.driver_cmd("add", cid, "eth0", Some(&ns.path_str()), None);
-    let child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let until = Instant::now() + Duration::from_secs(30);
     while !started_file(f).exists() {
-        assert!(Instant::now() < until, "the ADD never reached {SLOW}\nlog:\n{}", f.log());
+        assert!(
+            Instant::now() < until,
+            "the ADD never reached {SLOW}\nlog:\n{}",
+            f.log()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(f.record_path(cid, "eth0").exists(), "the head recorded nothing");
+    assert!(
+        f.record_path(cid, "eth0").exists(),
+        "the head recorded nothing"
+    );
     child
 }
 
@@ -83,7 +96,12 @@ fn start_held_add(f: &Fixture, cid: &str, ns: &Netns) -> Child {
 fn release(f: &Fixture, add: Child) -> Value {
     fs::write(gate_file(f), b"").unwrap();
     let out = add.wait_with_output().unwrap();
-    assert!(out.status.success(), "ADD: {}\nlog:\n{}", describe(&out), f.log());
+    assert!(
+        out.status.success(),
+        "ADD: {}\nlog:\n{}",
+        describe(&out),
+        f.log()
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -112,7 +130,10 @@ fn every_address_is_recorded(f: &Fixture, ip: &str) {
         );
     }
     let rows = f.list_json();
-    assert!(rows.iter().any(|r| r["containerId"] == json!("c-held")), "{rows:?}");
+    assert!(
+        rows.iter().any(|r| r["containerId"] == json!("c-held")),
+        "{rows:?}"
+    );
 }
 
 /// With the namespace gone, gc (`--grace 0`) replays the record and host-local lets the
@@ -120,9 +141,17 @@ fn every_address_is_recorded(f: &Fixture, ip: &str) {
 fn gc_releases(f: &Fixture, ns: &mut Netns, ip: &str) {
     ns.delete();
     let (out, report) = f.gc(&["--now", "--grace", "0", "--network", &f.network]);
-    assert!(out.status.success(), "{}\nlog:\n{}", describe(&out), f.log());
+    assert!(
+        out.status.success(),
+        "{}\nlog:\n{}",
+        describe(&out),
+        f.log()
+    );
     assert_eq!(report.unwrap()["summary"]["replayed"], json!(1));
-    assert!(!f.ipam_addresses().contains(&ip.to_string()), "{ip} still held");
+    assert!(
+        !f.ipam_addresses().contains(&ip.to_string()),
+        "{ip} still held"
+    );
     assert!(!f.record_path("c-held", "eth0").exists());
     assert!(list_dir(&f.ledger_dir.join("retired")).is_empty());
 }
@@ -143,6 +172,18 @@ fn a_del_while_the_add_is_in_the_chain_leaves_a_record_that_gc_acts_on() {
         vec![format!("{}:c-held:eth0.json", f.network)],
         "the DEL dropped the record of an ADD in flight\nlog:\n{}",
         f.log()
+    );
+    // Shown and counted while set aside.
+    let row = f
+        .list_row("c-held", "eth0")
+        .expect("list shows no retired row");
+    assert_eq!(row["chainState"], json!("retired"), "{row:#}");
+    let out = f.ledger(&["verify"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("note: 1 retired record(s)"),
+        "{}",
+        describe(&out)
     );
 
     let ip = first_ip(&release(&f, add));
@@ -178,8 +219,17 @@ fn a_gc_verb_while_the_add_is_in_the_chain_leaves_a_record_that_gc_acts_on() {
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    assert!(out.status.success(), "GC: {}\nlog:\n{}", describe(&out), f.log());
-    assert!(f.log().contains("replaying DEL"), "the GC replayed nothing:\n{}", f.log());
+    assert!(
+        out.status.success(),
+        "GC: {}\nlog:\n{}",
+        describe(&out),
+        f.log()
+    );
+    assert!(
+        f.log().contains("replaying DEL"),
+        "the GC replayed nothing:\n{}",
+        f.log()
+    );
     assert!(!f.record_path("c-held", "eth0").exists());
     assert_eq!(
         list_dir(&f.ledger_dir.join("retired")).len(),
@@ -206,7 +256,11 @@ fn a_retired_record_gives_way_to_a_newer_add_of_its_key() {
     ns.delete();
     fs::write(gate_file(&f), b"").unwrap();
     let out = add.wait_with_output().unwrap();
-    assert!(!out.status.success(), "ADD into a deleted netns: {}", describe(&out));
+    assert!(
+        !out.status.success(),
+        "ADD into a deleted netns: {}",
+        describe(&out)
+    );
     assert_eq!(list_dir(&f.ledger_dir.join("retired")).len(), 1);
     assert!(f.ipam_addresses().is_empty());
 
@@ -217,9 +271,21 @@ fn a_retired_record_gives_way_to_a_newer_add_of_its_key() {
         .unwrap_or_else(|e| panic!("ADD again: {e}\nlog:\n{}", f.log()));
     let ip = first_ip(&res);
     let (out, report) = f.gc(&["--now", "--grace", "0", "--network", &f.network]);
-    assert!(out.status.success(), "{}\nlog:\n{}", describe(&out), f.log());
+    assert!(
+        out.status.success(),
+        "{}\nlog:\n{}",
+        describe(&out),
+        f.log()
+    );
     assert_eq!(report.unwrap()["summary"]["replayed"], json!(0));
-    assert!(list_dir(&f.ledger_dir.join("retired")).is_empty(), "{}", describe(&out));
+    assert!(
+        list_dir(&f.ledger_dir.join("retired")).is_empty(),
+        "{}",
+        describe(&out)
+    );
     assert!(f.record_path("c-held", "eth0").exists());
-    assert!(f.ipam_addresses().contains(&ip), "the new ADD was torn down");
+    assert!(
+        f.ipam_addresses().contains(&ip),
+        "the new ADD was torn down"
+    );
 }

@@ -669,7 +669,11 @@ fn gc_verb_reads_its_list_strictly() {
 
     // Neither key: refused, and nothing judged.
     let e = cni_error(&gc_raw(json!({})), 7);
-    assert_eq!(e["msg"], json!("GC without a valid-attachments list"), "{e}");
+    assert_eq!(
+        e["msg"],
+        json!("GC without a valid-attachments list"),
+        "{e}"
+    );
     assert!(w.record("keep", "eth0").is_some() && w.record("drop", "eth0").is_some());
     assert_eq!(w.reserved_ips().len(), 2, "no DEL was replayed");
 

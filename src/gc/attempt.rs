@@ -194,9 +194,15 @@ fn replay(
     // record if it succeeds (docs/CHAIN.md). A retired one goes: its ADD cannot.
     let stem = key.stem();
     let (gone, what) = if at.retired {
-        (ledger.drop_retired(&stem).map(|_| ()), "retired record dropped")
+        (
+            ledger.drop_retired(&stem).map(|_| ()),
+            "retired record dropped",
+        )
     } else if crate::chain::may_complete(rec, boot, now, opts.chain_left_after_secs) {
-        (ledger.retire(&lock, &stem), "record retired: its ADD has not completed")
+        (
+            ledger.retire(&lock, &stem),
+            "record retired: its ADD has not completed",
+        )
     } else {
         (ledger.remove(&stem).map(|_| ()), "record removed")
     };

@@ -397,10 +397,13 @@ fn drop_superseded(ledger: &Ledger, stem: &str, rec: &Record) {
     let Ok(Some(_lock)) = ledger.lock(stem, crate::ledger::Wait::No) else {
         return;
     };
-    let same = matches!(ledger.read_retired(stem), Ok(Some(Decoded::Ok(r))) if r.add_id == rec.add_id);
+    let same =
+        matches!(ledger.read_retired(stem), Ok(Some(Decoded::Ok(r))) if r.add_id == rec.add_id);
     if same && ledger.has_record_file(stem) {
         match ledger.drop_retired(stem) {
-            Ok(_) => crate::info!("gc: {key}: retired record dropped: a newer ADD of the key has a record"),
+            Ok(_) => crate::info!(
+                "gc: {key}: retired record dropped: a newer ADD of the key has a record"
+            ),
             Err(e) => crate::warn!("gc: {key}: cannot drop the retired record: {e:#}"),
         }
     }

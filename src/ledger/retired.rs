@@ -61,10 +61,7 @@ impl Ledger {
     pub fn read_retired(&self, stem: &str) -> Result<Option<Decoded>> {
         let path = self.retired_path(stem);
         match fsio::read_nofollow(&path, MAX_RECORD) {
-            Ok(bytes) => Ok(Some(super::check_name(
-                stem,
-                super::record::decode(&bytes),
-            ))),
+            Ok(bytes) => Ok(Some(super::check_name(stem, super::record::decode(&bytes)))),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
                 Ok(Some(Decoded::Damaged(super::Damage::new(

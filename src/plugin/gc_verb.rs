@@ -276,12 +276,16 @@ mod tests {
         assert_eq!(valid_list(&json!({v: null, older: one})), Some(one.clone()));
         assert_eq!(valid_list(&json!({v: one, older: null})), Some(one.clone()));
         // Two lists: whatever either names is valid.
-        let both = json!([{"containerID": "a", "ifname": "eth0"}, {"containerID": "b", "ifname": "eth0"}]);
+        let both =
+            json!([{"containerID": "a", "ifname": "eth0"}, {"containerID": "b", "ifname": "eth0"}]);
         assert_eq!(valid_list(&json!({v: one, older: two})), Some(both));
         // No list at all is no list, not an empty one.
         assert_eq!(valid_list(&json!({"name": "pods"})), None);
         // Not an array: handed on for valid_set to refuse.
-        assert_eq!(valid_list(&json!({v: "keep", older: one})), Some(json!("keep")));
+        assert_eq!(
+            valid_list(&json!({v: "keep", older: one})),
+            Some(json!("keep"))
+        );
         assert!(gc::valid_set(json!("keep")).is_err());
     }
 }

@@ -117,7 +117,9 @@ fn restore_retired(
     ledger
         .restore_retired(lock, stem)
         .map_err(NotNoted::Ledger)?;
-    crate::warn!("ADD {key}: tail: a DEL or GC came while this ADD was in the chain; its record is restored");
+    crate::warn!(
+        "ADD {key}: tail: a DEL or GC came while this ADD was in the chain; its record is restored"
+    );
     Ok(rec)
 }
 
