@@ -42,7 +42,8 @@ pub fn gc(conf: &NetConf) -> Result<(), CniError> {
     opts.valid = Some(valid);
     opts.conf_dir = conf.conf_dir.clone();
     // No ADD or DEL runs during GC (the runtime guarantees it), so the valid list is
-    // complete: no grace unless the operator asked for one.
+    // complete: no grace unless the operator asked for one. An ADD in the chain all the
+    // same keeps its record: the replay retires it for the tail (docs/CHAIN.md).
     opts.grace_secs = conf.gc_grace_secs.unwrap_or(0) as i64;
     // The runtime asked now; a record waiting out its backoff is tried again.
     opts.ignore_backoff = true;
