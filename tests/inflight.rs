@@ -243,18 +243,14 @@ fn a_gc_verb_while_the_add_is_in_the_chain_leaves_a_record_that_gc_acts_on() {
     gc_releases(&f, &mut ns, &ip);
 }
 
-/// A DEL of an ADD that then fails leaves a retired record; the next ADD of the key
-/// makes it moot: gc drops it without a replay, which would tear the new ADD down.
-#[test]
-fn a_retired_record_gives_way_to_a_newer_add_of_its_key() {
-    require_root!();
-    let f = fixture();
+/// The held ADD of `c-held`, DELeted, then failed (its sandbox deleted before bridge
+/// ran, so nothing was allocated): its record is left retired.
+fn retired_by_a_failed_add(f: &Fixture) {
     let mut ns = Netns::new();
-    let add = start_held_add(&f, "c-held", &ns);
+    let add = start_held_add(f, "c-held", &ns);
     f.del("c-held", "eth0", Some(&ns.path_str()), None).unwrap();
-    // The sandbox is gone before bridge runs: the held ADD fails, allocating nothing.
     ns.delete();
-    fs::write(gate_file(&f), b"").unwrap();
+    fs::write(gate_file(f), b"").unwrap();
     let out = add.wait_with_output().unwrap();
     assert!(
         !out.status.success(),
@@ -263,6 +259,20 @@ fn a_retired_record_gives_way_to_a_newer_add_of_its_key() {
     );
     assert_eq!(list_dir(&f.ledger_dir.join("retired")).len(), 1);
     assert!(f.ipam_addresses().is_empty());
+}
+
+/// A DEL of an ADD that then fails leaves a retired record; the next ADD of the key
+/// makes it moot: gc drops it without a replay, which would tear the new ADD down.
+#[test]
+fn a_retired_record_gives_way_to_a_newer_add_of_its_key() {
+    require_root!();
+    let f = fixture();
+    retired_by_a_failed_add(&f);
+    // Young, of this boot: its ADD might still complete, so gc leaves it.
+    let (out, report) = f.gc(&["--now", "--grace", "0", "--network", &f.network]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert_eq!(report.unwrap()["summary"]["replayed"], json!(0));
+    assert_eq!(list_dir(&f.ledger_dir.join("retired")).len(), 1);
 
     // The same attachment added again, in a new sandbox, through the whole chain.
     let ns2 = Netns::new();
@@ -288,4 +298,28 @@ fn a_retired_record_gives_way_to_a_newer_add_of_its_key() {
         f.ipam_addresses().contains(&ip),
         "the new ADD was torn down"
     );
+}
+
+/// A retired record whose ADD can no longer complete (older than --chain-left-after) and
+/// whose sandbox is gone is replayed once, like a record, and dropped.
+#[test]
+fn a_retired_record_whose_add_cannot_complete_is_replayed_and_dropped() {
+    require_root!();
+    let f = fixture();
+    retired_by_a_failed_add(&f);
+    let args = ["--now", "--grace", "0", "--network", &f.network];
+    let (out, report) = f.gc(&[&args[..], &["--chain-left-after", "0"]].concat());
+    assert!(
+        out.status.success(),
+        "{}\nlog:\n{}",
+        describe(&out),
+        f.log()
+    );
+    let report = report.unwrap();
+    assert_eq!(report["summary"]["replayed"], json!(1), "{report:#}");
+    assert_eq!(report["records"][0]["retired"], json!(true), "{report:#}");
+    assert!(list_dir(&f.ledger_dir.join("retired")).is_empty());
+    // Nothing left to do.
+    let (_, report) = f.gc(&[&args[..], &["--chain-left-after", "0"]].concat());
+    assert_eq!(report.unwrap()["summary"]["replayed"], json!(0));
 }
