@@ -83,6 +83,23 @@ pub fn classify(
     }
 }
 
+/// Whether `rec`'s ADD may still be in the chain, so that its tail may still come: a
+/// tail is expected and has not completed it, the record is of this boot (`boot_id`),
+/// and it is younger than `left_after_secs` (or its age is unknown). Such a record is
+/// never removed by a DEL or a replay, only retired (docs/CHAIN.md, "An ADD still in the
+/// chain"): its ADD may yet succeed and hold what the DEL released nothing of.
+pub fn may_complete(rec: &Record, boot_id: &str, now: i64, left_after_secs: u64) -> bool {
+    let completed = rec
+        .chain
+        .as_ref()
+        .is_some_and(|n| n.completed_boot_ns.is_some() || n.completed_at.is_some());
+    if !rec.tail || completed || rec.boot_id != boot_id {
+        return false;
+    }
+    !matches!(rec.age_secs(boot_id, now),
+        Some(age) if age >= 0 && age.unsigned_abs() >= left_after_secs)
+}
+
 /// The chain's ADD duration in seconds, from the head's and the tail's boot-clock stamps
 /// taken in one boot (the caller knows the boot); None when either is missing or the
 /// clock went backwards (it cannot within a boot: the stamps are then not of one boot).
@@ -158,6 +175,37 @@ mod tests {
         r.chain = None;
         r.created_at = "garbage".into();
         assert_eq!(state(&r, "b", now, 0), State::Pending);
+    }
+
+    #[test]
+    fn only_an_uncompleted_tail_chain_of_this_boot_may_complete() {
+        let (mut r, now) = aged(10);
+        r.boot_id = "b".into();
+        // created_boot_secs is unset: the age is read on the wall clock.
+        assert!(
+            !may_complete(&r, "b", now, 900),
+            "no tail: nothing to wait for"
+        );
+        r.tail = true;
+        assert!(may_complete(&r, "b", now, 900));
+        assert!(!may_complete(&r, "another", now, 900), "another boot");
+        assert!(!may_complete(&r, "b", now, 5), "older than the threshold");
+        r.chain = Some(ChainNote {
+            del_began_at: Some("x".into()),
+            ..ChainNote::default()
+        });
+        assert!(may_complete(&r, "b", now, 900), "a DEL began: still may");
+        r.chain = Some(ChainNote {
+            completed_at: Some("x".into()),
+            ..ChainNote::default()
+        });
+        assert!(!may_complete(&r, "b", now, 900), "completed");
+        r.chain = None;
+        r.created_at = "garbage".into();
+        assert!(
+            may_complete(&r, "b", now, 0),
+            "unknown age errs towards may"
+        );
     }
 
     #[test]

@@ -877,6 +877,81 @@ fn crash_while_writing_notes() {
     eprintln!("FIGURE crash: notes: {trials} crashes");
 }
 
+/// A record retired by the head's DEL while its ADD was in the chain, and restored by the
+/// tail's ADD (docs/CHAIN.md, "An ADD still in the chain"): a crash right after either
+/// rename leaves the record whole in one of the two places, byte for byte, and the
+/// runtime's retry, `list`, `verify`, gc and the last DEL all work from there.
+#[test]
+fn crash_while_retiring_and_restoring() {
+    require_root!();
+    let ns = Netns::with_prefix("clr");
+    let result = json!({"cniVersion": "1.0.0", "ips": [{"address": "198.18.0.9/24"}]});
+    let cid = "r-0";
+    for point in ["retire.renamed", "restore.renamed"] {
+        let ctx = point;
+        let w = World::new("crash-retire", NET, "0");
+        w.write_conflist(1, &[json!({"type": "counter"}), w.tail_entry()]);
+        let retired_dir = w.ledger_dir.join("retired");
+        let retired = || files_of(&retired_dir, false);
+        let tail_add = |crash: &[(&str, &str)]| {
+            w.plugin_with(
+                &w.tail_stdin(&result),
+                "ADD",
+                cid,
+                "eth0",
+                Some(&ns.path_str()),
+                crash,
+            )
+        };
+        // The head recorded; the chain has not completed when the DEL comes.
+        w.add(cid, &ns.path_str(), &[]);
+        let record = w.records();
+        assert_eq!(record.len(), 1, "{ctx}");
+        let spec = format!("{point}:1");
+        let crash = [("CNI_LEDGER_TEST_CRASH_AT", spec.as_str())];
+        if point == "retire.renamed" {
+            let out = w.plugin("DEL", cid, "eth0", None, &crash);
+            assert!(killed_by_sigkill(&out), "{ctx}: {}", describe(&out));
+            assert!(w.records().is_empty(), "{ctx}");
+            assert_eq!(
+                retired().into_values().collect::<Vec<_>>(),
+                vec![record.values().next().unwrap().clone()],
+                "{ctx}"
+            );
+            assert_eq!(w.list_json()[0]["chainState"], json!("retired"), "{ctx}");
+            // The runtime's retry of the DEL finds nothing more to do.
+            w.del(cid);
+            assert_eq!(retired().len(), 1, "{ctx}");
+            let out = tail_add(&[]);
+            assert!(out.status.success(), "{ctx}: {}", describe(&out));
+        } else {
+            w.del(cid);
+            assert_eq!(retired().len(), 1, "{ctx}");
+            let out = tail_add(&crash);
+            assert!(killed_by_sigkill(&out), "{ctx}: {}", describe(&out));
+            assert_eq!(w.records(), record, "{ctx}: not the same record back");
+            assert!(retired().is_empty(), "{ctx}");
+            assert_eq!(w.list_json()[0]["chainState"], json!("pending"), "{ctx}");
+            // The chain's ADD is retried (libcni returned the error): the tail completes.
+            let out = tail_add(&[]);
+            assert!(out.status.success(), "{ctx}: retry: {}", describe(&out));
+        }
+        assert_eq!(w.records(), record, "{ctx}: the record changed");
+        assert!(retired().is_empty(), "{ctx}");
+        let rows = w.list_json();
+        assert_eq!(rows.len(), 1, "{ctx}: {rows:#?}");
+        assert_eq!(rows[0]["chainState"], json!("completed"), "{ctx}");
+        let v = w.verify();
+        assert_eq!(v.status.code(), Some(0), "{ctx}: {}", describe(&v));
+        let (g, rep) = w.gc(&[], &[]);
+        assert_eq!(g.status.code(), Some(0), "{ctx}: gc: {}", describe(&g));
+        assert_eq!(rep.unwrap()["summary"]["replayed"], json!(0), "{ctx}: live");
+        w.del(cid);
+        assert!(w.records().is_empty() && retired().is_empty(), "{ctx}");
+    }
+    eprintln!("FIGURE crash: retire and restore: 2 crashes");
+}
+
 /// The conflist memo (`snapshots/.conf-memo.*`, written after the record): a crash while
 /// an ADD writes it leaves that ADD's record whole, and every later ADD records the chain
 /// of the conflist then in place, memo or none.
@@ -1003,6 +1078,8 @@ fn every_crash_point_is_covered() {
         "remove.unlinked",
         "quarantine.renamed",
         "gc.key-released",
+        "retire.renamed",
+        "restore.renamed",
     ];
     // Files outside the ledger, written by the same fsio code whose crash points the
     // record trials above try; a crash while writing them is not tried here: the

@@ -645,6 +645,53 @@ fn gc_replays_del_for_attachments_not_in_the_valid_list_and_keeps_the_valid_ones
     assert!(w.reserved_ips().is_empty());
 }
 
+/// The GC verb reads its list strictly (SPEC.md's GC section: the runtime must send the
+/// still-valid attachments): a `null` under one name never shadows the list under the
+/// other, and a request with no list at all judges nothing and is refused with error 7.
+#[test]
+#[cfg_attr(
+    not(feature = "testing"),
+    ignore = "gc trusts only root's ledgers; run with --features testing"
+)]
+fn gc_verb_reads_its_list_strictly() {
+    let w = World::new();
+    w.write_conflist(&[w.host_local_entry("10.90.5.0/24")]);
+    let pod = Pod::spawn();
+    let keep = w.add_through_chain("keep", &pod.netns());
+    let drop = w.add_through_chain("drop", &pod.netns());
+    let gc_raw = |extra: Value| {
+        let mut conf = w.conf("1.1.0");
+        for (k, v) in extra.as_object().unwrap() {
+            conf[k] = v.clone();
+        }
+        w.call(&[("CNI_COMMAND", "GC")], conf.to_string().as_bytes())
+    };
+
+    // Neither key: refused, and nothing judged.
+    let e = cni_error(&gc_raw(json!({})), 7);
+    assert_eq!(
+        e["msg"],
+        json!("GC without a valid-attachments list"),
+        "{e}"
+    );
+    assert!(w.record("keep", "eth0").is_some() && w.record("drop", "eth0").is_some());
+    assert_eq!(w.reserved_ips().len(), 2, "no DEL was replayed");
+
+    // A null under the spec's name beside a list under the older one: the list counts.
+    let listed = json!([{"containerID": "keep", "ifname": "eth0"}]);
+    gc_raw(json!({"cni.dev/valid-attachments": null, "cni.dev/attachments": listed}))
+        .assert_quiet_success();
+    assert!(w.record("keep", "eth0").is_some(), "listed: live");
+    assert!(w.record("drop", "eth0").is_none(), "unlisted: replayed");
+    assert_eq!(w.reserved_ips(), vec![keep.clone()], "only {drop} released");
+
+    // And the other way round.
+    gc_raw(json!({"cni.dev/valid-attachments": listed, "cni.dev/attachments": null}))
+        .assert_quiet_success();
+    assert!(w.record("keep", "eth0").is_some());
+    assert_eq!(w.reserved_ips(), vec![keep]);
+}
+
 /// A replay that fails keeps its record, counts an attempt, and the runtime gets error
 /// 11 naming it; the others are cleaned all the same. A malformed list is error 7.
 #[test]

@@ -414,6 +414,63 @@ pub fn run(args: Args) -> Result<i32> {
             others.push(damaged_row(&ledger, d));
         }
     }
+    // Records a DEL or GC set aside while their ADD was in the chain: listed with CHAIN
+    // `retired` (docs/CHAIN.md), read as they are, never quarantined from here.
+    let clock = Clock {
+        now,
+        left_after: args.chain_left_after,
+    };
+    let mut retired_error = None;
+    ledger.for_each_retired(|e| match e.decoded {
+        Decoded::Ok(rec) => {
+            let chain = if args.json {
+                chains.of(&ledger, &rec)
+            } else {
+                None
+            };
+            let mut r = row(&rec, &boot, clock, &e.path, cri.as_ref(), chain);
+            r.chain_state = "retired";
+            r.add_seconds = None;
+            if args.json {
+                let pushed = serde_json::to_vec_pretty(&r)
+                    .map_err(std::io::Error::from)
+                    .and_then(|bytes| {
+                        json.lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .push_raw(&bytes)
+                    });
+                if let Err(err) = pushed {
+                    retired_error.get_or_insert(err);
+                }
+            } else {
+                cells.push(table_cells(&r, now));
+            }
+        }
+        Decoded::Newer(v) => others.push(OtherRow {
+            file: e.path.display().to_string(),
+            state: "unknown",
+            reason: format!("newer-format-{v}"),
+            details: "a retired record written by a newer cni-ledger; left alone".into(),
+            quarantined_to: None,
+        }),
+        Decoded::Damaged(Damage { reason, detail }) => others.push(OtherRow {
+            file: e.path.display().to_string(),
+            state: "damaged",
+            reason: reason.to_string(),
+            details: format!("a retired record: {detail}; gc quarantines it"),
+            quarantined_to: None,
+        }),
+        Decoded::Unreadable(error) => others.push(OtherRow {
+            file: e.path.display().to_string(),
+            state: "unknown",
+            reason: "unreadable".into(),
+            details: format!("a retired record: {error}; left in place"),
+            quarantined_to: None,
+        }),
+    })?;
+    if let Some(e) = retired_error {
+        return Err(e.into());
+    }
     let device_notes = crate::devices::note::read_all(&ledger);
     if args.json {
         let mut json = json

@@ -14,9 +14,53 @@ use anyhow::Result;
 use serde_json::{Map, Value};
 use std::path::PathBuf;
 
-/// What became of `seen`, a record the scan judged stale.
+/// Where a candidate lives: a record, or a retired record (`retired/`, docs/CHAIN.md).
+#[derive(Clone, Copy)]
+struct At<'a> {
+    ledger: &'a Ledger,
+    retired: bool,
+}
+
+impl At<'_> {
+    fn read(&self, stem: &str) -> Result<Option<Decoded>> {
+        if self.retired {
+            // A newer ADD of the key has a record: this one is no longer to be replayed.
+            if self.ledger.has_record_file(stem) {
+                return Ok(None);
+            }
+            self.ledger.read_retired(stem)
+        } else {
+            self.ledger.read(stem)
+        }
+    }
+
+    fn write(&self, rec: &Record) -> Result<()> {
+        if self.retired {
+            self.ledger.write_retired(rec)
+        } else {
+            self.ledger.write(rec)
+        }
+    }
+}
+
+/// What became of `seen`, a record (or, `retired`, a retired record) the scan judged
+/// stale.
 pub(super) fn attempt(
     ledger: &Ledger,
+    seen: &Record,
+    judged: Judged,
+    retired: bool,
+    boot: &str,
+    now: i64,
+    opts: &Options,
+) -> RecordReport {
+    let mut r = attempt_at(At { ledger, retired }, seen, judged, boot, now, opts);
+    r.retired = retired;
+    r
+}
+
+fn attempt_at(
+    at: At<'_>,
     seen: &Record,
     judged: Judged,
     boot: &str,
@@ -28,10 +72,10 @@ pub(super) fn attempt(
         crate::info!("gc: {key}: stale ({}), {action}", judged.0.as_str());
         return RecordReport::of(seen, judged, action);
     }
-    let Some(lock) = try_lock(ledger, &key) else {
+    let Some(lock) = try_lock(at.ledger, &key) else {
         return RecordReport::of(seen, judged, Action::Busy);
     };
-    match recheck(ledger, seen, boot, opts) {
+    match recheck(at, seen, boot, opts) {
         Recheck::Stale {
             rec,
             judged,
@@ -41,7 +85,7 @@ pub(super) fn attempt(
             // under the lock, proved it the recorded one; otherwise none, so no DEL can
             // reach another pod.
             let netns = verified.then(|| rec.netns.clone());
-            replay(ledger, lock, &rec, judged, netns, now, opts)
+            replay(at, lock, &rec, judged, netns, boot, now, opts)
         }
         Recheck::Live(rec) => RecordReport::of(&rec, judged, Action::Live),
         Recheck::Gone => RecordReport::of(seen, judged, Action::Gone),
@@ -80,9 +124,9 @@ enum Recheck {
 }
 
 /// Judges again under the lock: what we scanned may have been replaced or removed.
-fn recheck(ledger: &Ledger, seen: &Record, boot: &str, opts: &Options) -> Recheck {
+fn recheck(at: At<'_>, seen: &Record, boot: &str, opts: &Options) -> Recheck {
     let key = seen.key();
-    let rec = match ledger.read(&key.stem()) {
+    let rec = match at.read(&key.stem()) {
         Ok(Some(Decoded::Ok(rec))) if rec.add_id == seen.add_id => rec,
         Ok(None) => return Recheck::Gone,
         _ => {
@@ -106,15 +150,18 @@ fn recheck(ledger: &Ledger, seen: &Record, boot: &str, opts: &Options) -> Rechec
 
 /// Replays DEL for `rec` while `lock` holds its key, then removes the record and
 /// libcni's cache entry before releasing it, or stores the failed attempt.
+#[allow(clippy::too_many_arguments)]
 fn replay(
-    ledger: &Ledger,
+    at: At<'_>,
     lock: KeyLock,
     rec: &Record,
     judged: Judged,
     netns: Option<String>,
+    boot: &str,
     now: i64,
     opts: &Options,
 ) -> RecordReport {
+    let ledger = at.ledger;
     let key = rec.key();
     log_replaying(&key, judged, netns.as_deref());
     let cached = CachedAttachment::load(&opts.cache_dir, &key);
@@ -126,7 +173,7 @@ fn replay(
                 result: DelResult::Failed(ReplayError::without_exit(format!("{e:#}"))),
                 source: None,
             };
-            return record_failure(ledger, rec, judged, None, vec![outcome], now, opts);
+            return record_failure(at, rec, judged, None, vec![outcome], now, opts);
         }
     };
     let outcomes = del_chain(
@@ -138,13 +185,30 @@ fn replay(
         opts,
     );
     if !outcomes.iter().all(PluginOutcome::ok) {
-        let mut r = record_failure(ledger, rec, judged, Some(source), outcomes, now, opts);
+        let mut r = record_failure(at, rec, judged, Some(source), outcomes, now, opts);
         r.replay_netns = netns;
         return r;
     }
-    if let Err(e) = ledger.remove(&key.stem()) {
+    // A record whose ADD may still complete is retired, not removed: the DEL just
+    // replayed may have come before that ADD allocated, and its tail restores the
+    // record if it succeeds (docs/CHAIN.md). A retired one goes: its ADD cannot.
+    let stem = key.stem();
+    let (gone, what) = if at.retired {
+        (
+            ledger.drop_retired(&stem).map(|_| ()),
+            "retired record dropped",
+        )
+    } else if crate::chain::may_complete(rec, boot, now, opts.chain_left_after_secs) {
+        (
+            ledger.retire(&lock, &stem),
+            "record retired: its ADD has not completed",
+        )
+    } else {
+        (ledger.remove(&stem).map(|_| ()), "record removed")
+    };
+    if let Err(e) = gone {
         crate::error!("gc: {key}: replayed but cannot remove the record: {e:#}");
-        let mut r = record_failure(ledger, rec, judged, Some(source), outcomes, now, opts);
+        let mut r = record_failure(at, rec, judged, Some(source), outcomes, now, opts);
         r.replay_netns = netns;
         return r;
     }
@@ -154,7 +218,7 @@ fn replay(
     crate::libcni::cache::remove_entry(&opts.cache_dir, &key);
     lock.release_and_remove();
     crate::faults::crash_point("gc.key-released");
-    crate::info!("gc: {key}: replayed, record removed");
+    crate::info!("gc: {key}: replayed, {what}");
     let mut r = RecordReport::of(rec, judged, Action::Replayed);
     r.config_source = Some(source);
     r.plugins = outcomes;
@@ -238,7 +302,7 @@ fn capability_args(rec: &Record, cached: Option<&CachedAttachment>) -> Map<Strin
 /// Stores a failed attempt in the record: one more try, its error, and when the next is
 /// due; after `max_attempts` the record is marked failed, for an operator.
 fn record_failure(
-    ledger: &Ledger,
+    at: At<'_>,
     rec: &Record,
     judged: Judged,
     source: Option<ConfigSource>,
@@ -267,7 +331,7 @@ fn record_failure(
     };
     let mut updated = rec.clone();
     updated.gc = Some(gc);
-    if let Err(e) = ledger.write(&updated) {
+    if let Err(e) = at.write(&updated) {
         crate::error!("gc: {key}: cannot store the attempt: {e:#}");
     }
     if action == Action::Failed {

@@ -137,6 +137,8 @@ type Judged = (Reason, Evidence);
 struct Candidate {
     rec: Box<Record>,
     judged: Judged,
+    /// In `retired/`, not `records/`.
+    retired: bool,
 }
 
 pub fn run(opts: &Options) -> Result<Report> {
@@ -221,6 +223,7 @@ impl Scan {
                     Some(reason) => self.candidates.push(Candidate {
                         rec,
                         judged: (reason, l.evidence),
+                        retired: false,
                     }),
                 }
             }
@@ -281,6 +284,7 @@ fn scan(
     for d in &damaged {
         report.damaged.push(damaged_report(ledger, d, opts.dry_run));
     }
+    scan_retired(ledger, boot, opts, report, &mut candidates)?;
     // By file, not in the scan workers' finishing order: the same ledger, the same report.
     report.damaged.sort_by(|a, b| a.file.cmp(&b.file));
     report.unreadable.sort_by(|a, b| a.file.cmp(&b.file));
@@ -303,6 +307,111 @@ fn scan(
     }
     report.summary.stale = candidates.len();
     Ok((candidates, tallies))
+}
+
+/// The records a DEL or GC retired while their ADD was in the chain (docs/CHAIN.md). One
+/// whose key has a record again (a newer ADD) is dropped: replaying it would tear that
+/// ADD down. One whose ADD may still complete is left for its tail. The others are
+/// judged as records are, and the stale ones join `candidates` (after the records:
+/// there are few). Damaged ones are quarantined under their key's lock.
+fn scan_retired(
+    ledger: &Ledger,
+    boot: &str,
+    opts: &Options,
+    report: &mut Report,
+    candidates: &mut Vec<Candidate>,
+) -> Result<()> {
+    let now = crate::time::now();
+    let mut found = Vec::new();
+    ledger.for_each_retired(|e| found.push(e))?;
+    found.sort_by(|a, b| a.stem.cmp(&b.stem));
+    for entry in found {
+        match entry.decoded {
+            Decoded::Ok(rec) => {
+                if opts.network.as_ref().is_some_and(|n| *n != rec.network) {
+                    continue;
+                }
+                if ledger.has_record_file(&entry.stem) {
+                    if !opts.dry_run {
+                        drop_superseded(ledger, &entry.stem, &rec);
+                    }
+                    continue;
+                }
+                if crate::chain::may_complete(&rec, boot, now, opts.chain_left_after_secs) {
+                    crate::info!(
+                        "gc: {}: retired while its ADD was in the chain; left for its tail",
+                        rec.key()
+                    );
+                    report.summary.live += 1;
+                    continue;
+                }
+                let (l, _) = policy::assess(&rec, boot, opts);
+                match l.reason {
+                    None => report.summary.live += 1,
+                    Some(reason) => candidates.push(Candidate {
+                        rec,
+                        judged: (reason, l.evidence),
+                        retired: true,
+                    }),
+                }
+            }
+            Decoded::Newer(format) => report.damaged.push(DamagedReport {
+                file: entry.path.display().to_string(),
+                reason: format!("newer-format {format}: left for a newer cni-ledger"),
+                quarantined_to: None,
+            }),
+            Decoded::Damaged(Damage { reason, detail }) => {
+                let d = Damaged {
+                    stem: entry.stem,
+                    path: entry.path,
+                    reason,
+                    detail,
+                };
+                let mut out = DamagedReport {
+                    file: d.path.display().to_string(),
+                    reason: format!("{}: {}", d.reason, d.detail),
+                    quarantined_to: None,
+                };
+                if !opts.dry_run {
+                    if let Ok(Some(lock)) = ledger.lock(&d.stem, crate::ledger::Wait::No) {
+                        if let Ok(Some(Decoded::Damaged(..))) = ledger.read_retired(&d.stem) {
+                            if let Quarantine::Moved(to) =
+                                ledger.quarantine_held(&lock, &d, "gc: retired")
+                            {
+                                out.quarantined_to = Some(to.display().to_string());
+                            }
+                        }
+                    }
+                }
+                report.damaged.push(out);
+            }
+            Decoded::Unreadable(error) => report
+                .unreadable
+                .push(UnreadableReport::of(&entry.path, error)),
+        }
+    }
+    report.summary.damaged = report.damaged.len();
+    report.summary.unreadable = report.unreadable.len();
+    Ok(())
+}
+
+/// Drops the retired record `rec` once a newer ADD of its key has a record: the chain
+/// of `rec`'s ADD can no longer complete, and the newer record's DEL releases the key.
+fn drop_superseded(ledger: &Ledger, stem: &str, rec: &Record) {
+    let key = rec.key();
+    let Ok(Some(_lock)) = ledger.lock(stem, crate::ledger::Wait::No) else {
+        return;
+    };
+    let same =
+        matches!(ledger.read_retired(stem), Ok(Some(Decoded::Ok(r))) if r.add_id == rec.add_id);
+    if same && ledger.has_record_file(stem) {
+        match ledger.drop_retired(stem) {
+            Ok(_) => crate::info!(
+                "gc: {key}: retired record dropped: a newer ADD of the key has a record"
+            ),
+            Err(e) => crate::warn!("gc: {key}: cannot drop the retired record: {e:#}"),
+        }
+    }
 }
 
 /// Attempts every candidate on up to `opts.jobs` threads, until `opts.stop` is set or
@@ -334,7 +443,7 @@ fn attempt_all(
             };
             done.push((
                 i,
-                attempt::attempt(ledger, &c.rec, c.judged, boot, now, opts),
+                attempt::attempt(ledger, &c.rec, c.judged, c.retired, boot, now, opts),
             ));
         }
         done
@@ -347,7 +456,9 @@ fn attempt_all(
             .enumerate()
             .filter(|(i, _)| !tried.contains(i))
         {
-            results.push((i, RecordReport::of(&c.rec, c.judged, Action::Deferred)));
+            let mut r = RecordReport::of(&c.rec, c.judged, Action::Deferred);
+            r.retired = c.retired;
+            results.push((i, r));
         }
     }
     results.sort_by_key(|(i, _)| *i);

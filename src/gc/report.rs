@@ -141,6 +141,10 @@ pub struct RecordReport {
     pub attempts: u32,
     pub last_error: Option<String>,
     pub next_attempt_at: Option<String>,
+    /// A record a DEL or GC set aside while its ADD was in the chain (`retired/`),
+    /// replayed now that its ADD can no longer complete. Absent for a record.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub retired: bool,
 }
 
 impl RecordReport {
@@ -160,6 +164,7 @@ impl RecordReport {
             attempts: gc.attempts,
             last_error: gc.last_error,
             next_attempt_at: gc.next_attempt_at,
+            retired: false,
         }
     }
 }

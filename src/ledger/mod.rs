@@ -7,6 +7,8 @@
 //!   locks/keys                   a byte-range lock per attachment; locks/.snapshots for sweeps
 //!   quarantine/<name>.<secs>     damaged files moved aside, never acted on
 //!   notes/<net>:<cid>:<if>.json    the tail entry's notes on the chain (note.rs), made on first use
+//!   retired/<net>:<cid>:<if>.json  records set aside while their ADD may still complete
+//!                                (retired.rs), made on first use
 //! ```
 //!
 //! Every write of a record or snapshot is temp + fsync + rename + directory fsync; every
@@ -19,6 +21,7 @@ pub mod lock;
 mod note;
 mod quarantine;
 pub mod record;
+mod retired;
 
 use anyhow::{bail, Context, Result};
 use std::io;
@@ -395,7 +398,7 @@ impl Ledger {
         let mut used = std::collections::HashSet::new();
         let mut unread = 0;
         let mut untold = 0;
-        self.for_each(|e| match e.decoded {
+        let mut note_use = |e: Entry| match e.decoded {
             Decoded::Ok(r) => used.extend(r.snapshot),
             // Its snapshot is unknown, and it is still a record: any may be its.
             Decoded::Unreadable(_) => unread += 1,
@@ -405,7 +408,10 @@ impl Ledger {
                 None => untold += 1,
             },
             Decoded::Damaged(..) => {}
-        })?;
+        };
+        self.for_each(&mut note_use)?;
+        // A retired record may still be replayed, by its snapshot.
+        self.for_each_retired(&mut note_use)?;
         if unread > 0 {
             crate::warn!("snapshot sweep skipped: {unread} record(s) could not be read");
             return Ok(0);
@@ -450,7 +456,12 @@ impl Ledger {
     /// ledger writes by temporary file and rename: where a crash can leave one behind.
     pub fn temp_files(&self) -> Vec<(PathBuf, String)> {
         let mut found = Vec::new();
-        for dir in [self.records_dir(), self.snapshots_dir(), self.notes_dir()] {
+        for dir in [
+            self.records_dir(),
+            self.snapshots_dir(),
+            self.notes_dir(),
+            self.retired_dir(),
+        ] {
             let Ok(rd) = std::fs::read_dir(&dir) else {
                 continue;
             };
@@ -473,6 +484,7 @@ impl Ledger {
             self.snapshots_dir(),
             self.locks_dir(),
             self.notes_dir(),
+            self.retired_dir(),
         ] {
             let meta = match std::fs::metadata(&dir) {
                 Ok(m) => m,

@@ -1,4 +1,5 @@
-//! DEL drops the record (it runs last: every other plugin's DEL has succeeded);
+//! DEL drops the record (it runs last: every other plugin's DEL has succeeded), or
+//! retires it while its ADD may still complete;
 //! CHECK insists that one exists.
 
 use super::{busy, ledger_error};
@@ -56,8 +57,18 @@ pub fn del(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
                     crate::devices::at_del(&ledger, &key, &netns, spec, "DEL");
                 }
             }
-            match ledger.remove(&stem) {
-                Ok(_) => crate::info!("DEL {key}: record removed"),
+            // An ADD still in the chain (the runtime gave up on a slow sandbox) may yet
+            // succeed and hold what this DEL released nothing of: its record is set
+            // aside for its tail to restore, not dropped (docs/CHAIN.md).
+            let gone = if in_flight(&rec) {
+                ledger
+                    .retire(&lock, &stem)
+                    .map(|()| "record retired: its ADD has not completed")
+            } else {
+                ledger.remove(&stem).map(|_| "record removed")
+            };
+            match gone {
+                Ok(what) => crate::info!("DEL {key}: {what}"),
                 Err(e) => {
                     unreachable_ledger(&key, &ledger, &format!("{e:#}"));
                     return Ok(());
@@ -90,6 +101,20 @@ pub fn del(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
     }
     lock.release_and_remove();
     Ok(())
+}
+
+/// Whether `rec`'s ADD may still be in the chain (`chain::may_complete`), judged on the
+/// default `--chain-left-after`. A boot ID that cannot be read is taken for the record's:
+/// retiring a record costs one more replay at most, removing one an ADD still needs
+/// costs a leak.
+fn in_flight(rec: &crate::ledger::Record) -> bool {
+    let boot = crate::sandbox::boot_id().unwrap_or_else(|_| rec.boot_id.clone());
+    crate::chain::may_complete(
+        rec,
+        &boot,
+        crate::time::now(),
+        crate::chain::DEFAULT_LEFT_AFTER_SECS,
+    )
 }
 
 /// The namespace to take devices from: CNI_NETNS, only when it is the recorded path and

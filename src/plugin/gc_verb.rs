@@ -22,7 +22,15 @@ pub fn gc(conf: &NetConf) -> Result<(), CniError> {
     let deadline = Instant::now() + budget;
     // parse() accepted this document as a JSON object; the fallback is for form's sake.
     let stdin: Value = serde_json::from_slice(&conf.stdin).unwrap_or(Value::Null);
-    let valid = gc::valid_set(valid_list(&stdin)).map_err(|e| {
+    let list = valid_list(&stdin).ok_or_else(|| {
+        CniError::new(
+            error::INVALID_NETWORK_CONFIG,
+            "GC without a valid-attachments list",
+            "the request carries neither cni.dev/valid-attachments nor cni.dev/attachments; \
+             nothing is judged without the runtime's list",
+        )
+    })?;
+    let valid = gc::valid_set(list).map_err(|e| {
         CniError::new(
             error::INVALID_NETWORK_CONFIG,
             "invalid cni.dev/valid-attachments",
@@ -34,7 +42,8 @@ pub fn gc(conf: &NetConf) -> Result<(), CniError> {
     opts.valid = Some(valid);
     opts.conf_dir = conf.conf_dir.clone();
     // No ADD or DEL runs during GC (the runtime guarantees it), so the valid list is
-    // complete: no grace unless the operator asked for one.
+    // complete: no grace unless the operator asked for one. An ADD in the chain all the
+    // same keeps its record: the replay retires it for the tail (docs/CHAIN.md).
     opts.grace_secs = conf.gc_grace_secs.unwrap_or(0) as i64;
     // The runtime asked now; a record waiting out its backoff is tried again.
     opts.ignore_backoff = true;
@@ -113,16 +122,39 @@ fn why_left(r: &RecordReport) -> Option<String> {
     Some(format!("{}/{}: {why}", r.container_id, r.ifname))
 }
 
-/// The list a GC stdin carries: `cni.dev/valid-attachments`, else the spec's first name
-/// for it, `cni.dev/attachments` (libcni sends both since the names were harmonised).
-fn valid_list(stdin: &Value) -> Value {
-    stdin
-        .get("cni.dev/valid-attachments")
-        .or_else(|| stdin.get("cni.dev/attachments"))
-        .cloned()
-        // Go marshals an empty (nil) slice as null: libcni sends that for "none valid".
-        .filter(|v| !v.is_null())
-        .unwrap_or_else(|| serde_json::json!([]))
+/// The list a GC stdin carries, or None when it carries none.
+///
+/// SPEC.md, "GC: Clean up any stale resources": the runtime must provide
+/// `cni.dev/valid-attachments`, "the list of still valid attachments to this network",
+/// and the plugin removes what belongs to attachments not in it. An early wording named
+/// the key `cni.dev/attachments`, and libcni (#1101) sends the same list under both
+/// names. So:
+/// - a list under either name is read, and a `null` never shadows a list under the
+///   other name (lists under both are joined: whatever either says is valid stays);
+/// - `null` alone (Go marshals an empty, nil slice so) is the empty list: none valid;
+/// - neither key is no list at all: a request missing what the spec says it must carry
+///   judges nothing (every record would otherwise look stale).
+fn valid_list(stdin: &Value) -> Option<Value> {
+    let named: Vec<&Value> = ["cni.dev/valid-attachments", "cni.dev/attachments"]
+        .iter()
+        .filter_map(|k| stdin.get(*k))
+        .collect();
+    if named.is_empty() {
+        return None;
+    }
+    let lists: Vec<&Value> = named.into_iter().filter(|v| !v.is_null()).collect();
+    Some(match lists.as_slice() {
+        [] => serde_json::json!([]),
+        [one] => (*one).clone(),
+        // Both arrays: one list of the two. Anything else under either name is handed
+        // on as it is, for valid_set to refuse.
+        [a, b] => match (a.as_array(), b.as_array()) {
+            (Some(a), Some(b)) => Value::Array(a.iter().chain(b).cloned().collect()),
+            _ if !a.is_array() => (*a).clone(),
+            _ => (*b).clone(),
+        },
+        _ => unreachable!("two names at most"),
+    })
 }
 
 #[cfg(test)]
@@ -145,6 +177,7 @@ mod tests {
             attempts: 1,
             last_error: None,
             next_attempt_at: None,
+            retired: false,
         }
     }
 
@@ -232,14 +265,28 @@ mod tests {
     fn null_list_is_empty_and_the_older_key_is_read() {
         use serde_json::json;
         let one = json!([{"containerID": "a", "ifname": "eth0"}]);
+        let two = json!([{"containerID": "b", "ifname": "eth0"}]);
+        let v = "cni.dev/valid-attachments";
+        let older = "cni.dev/attachments";
+        assert_eq!(valid_list(&json!({v: null})), Some(json!([])));
+        assert_eq!(valid_list(&json!({older: null})), Some(json!([])));
+        assert_eq!(valid_list(&json!({v: null, older: null})), Some(json!([])));
+        assert_eq!(valid_list(&json!({older: one})), Some(one.clone()));
+        assert_eq!(valid_list(&json!({v: one, older: []})), Some(one.clone()));
+        // A null never shadows the list under the other name, either way round.
+        assert_eq!(valid_list(&json!({v: null, older: one})), Some(one.clone()));
+        assert_eq!(valid_list(&json!({v: one, older: null})), Some(one.clone()));
+        // Two lists: whatever either names is valid.
+        let both =
+            json!([{"containerID": "a", "ifname": "eth0"}, {"containerID": "b", "ifname": "eth0"}]);
+        assert_eq!(valid_list(&json!({v: one, older: two})), Some(both));
+        // No list at all is no list, not an empty one.
+        assert_eq!(valid_list(&json!({"name": "pods"})), None);
+        // Not an array: handed on for valid_set to refuse.
         assert_eq!(
-            valid_list(&json!({"cni.dev/valid-attachments": null})),
-            json!([])
+            valid_list(&json!({v: "keep", older: one})),
+            Some(json!("keep"))
         );
-        assert_eq!(valid_list(&json!({"cni.dev/attachments": one})), one);
-        assert_eq!(
-            valid_list(&json!({"cni.dev/valid-attachments": one, "cni.dev/attachments": []})),
-            one
-        );
+        assert!(gc::valid_set(json!("keep")).is_err());
     }
 }

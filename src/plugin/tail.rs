@@ -65,20 +65,24 @@ fn key(conf: &NetConf, args: &CmdArgs) -> Key {
 /// now (an earlier note of this ADD, or what the record holds), changed by `note`. Not
 /// flushed: the record already holds all a replay needs, and a flush was most of the
 /// tail's cost (docs/CHAIN.md, Cost). The record itself is never rewritten here.
+/// With `restore` (the tail's ADD), a record a DEL or GC retired while this ADD was
+/// still in the chain is moved back first: the ADD is about to succeed.
 fn rewrite(
     conf: &NetConf,
     key: &Key,
     wait: Wait,
+    restore: bool,
     note: impl FnOnce(&mut ChainNote, &crate::ledger::Record),
 ) -> Result<(), NotNoted> {
     let ledger = Ledger::at(&conf.ledger_dir);
     let stem = key.stem();
-    let _lock = ledger
+    let lock = ledger
         .lock(&stem, wait)
         .map_err(NotNoted::Ledger)?
         .ok_or(NotNoted::Busy)?;
     let rec = match ledger.read(&stem).map_err(NotNoted::Ledger)? {
         Some(Decoded::Ok(rec)) => rec,
+        None if restore => restore_retired(&ledger, &lock, &stem, key)?,
         None => return Err(NotNoted::NoRecord),
         Some(Decoded::Damaged(d)) => return Err(NotNoted::Unusable(d.reason.as_str().into())),
         Some(Decoded::Newer(format)) => return Err(NotNoted::Unusable(format!("format {format}"))),
@@ -87,6 +91,36 @@ fn rewrite(
     let mut chain = rec.chain.clone().unwrap_or_default();
     note(&mut chain, &rec);
     ledger.put_note(&rec, &chain).map_err(NotNoted::Ledger)
+}
+
+/// The record of this ADD that a DEL or GC retired while the ADD was in the chain, moved
+/// back into `records/` (the caller holds the key and found no record there). The tail
+/// cannot tell its ADD's `addId`: a retired record of this boot that no tail completed
+/// is this ADD's, since a newer ADD of the key would have left a record in `records/`.
+fn restore_retired(
+    ledger: &Ledger,
+    lock: &crate::ledger::KeyLock,
+    stem: &str,
+    key: &Key,
+) -> Result<Box<crate::ledger::Record>, NotNoted> {
+    let rec = match ledger.read_retired(stem).map_err(NotNoted::Ledger)? {
+        Some(Decoded::Ok(rec)) => rec,
+        None => return Err(NotNoted::NoRecord),
+        Some(Decoded::Damaged(d)) => return Err(NotNoted::Unusable(d.reason.as_str().into())),
+        Some(Decoded::Newer(format)) => return Err(NotNoted::Unusable(format!("format {format}"))),
+        Some(Decoded::Unreadable(why)) => return Err(NotNoted::Unusable(why)),
+    };
+    let boot = crate::sandbox::boot_id().map_err(|e| NotNoted::Ledger(e.into()))?;
+    if rec.boot_id != boot || rec.chain.as_ref().is_some_and(|c| c.completed_at.is_some()) {
+        return Err(NotNoted::NoRecord);
+    }
+    ledger
+        .restore_retired(lock, stem)
+        .map_err(NotNoted::Ledger)?;
+    crate::warn!(
+        "ADD {key}: tail: a DEL or GC came while this ADD was in the chain; its record is restored"
+    );
+    Ok(rec)
 }
 
 fn add(conf: &NetConf, args: &CmdArgs) -> Value {
@@ -98,7 +132,7 @@ fn add(conf: &NetConf, args: &CmdArgs) -> Value {
     let key = key(conf, args);
     let this_boot = crate::sandbox::boot_id().ok();
     let wait = Wait::Upto(Duration::from_millis(conf.lock_timeout_ms));
-    let completed = rewrite(conf, &key, wait, |chain, rec| {
+    let completed = rewrite(conf, &key, wait, true, |chain, rec| {
         chain.completed_at = Some(crate::time::rfc3339(crate::time::now()));
         chain.completed_boot_ns = completed_boot_ns;
         // Both stamps are on CLOCK_BOOTTIME: comparable only within the recorded boot.
@@ -122,7 +156,7 @@ fn del(conf: &NetConf, args: &CmdArgs) {
     let began_boot_ns = crate::time::since_boot_ns();
     // No wait: a key held now is a gc replay of this very attachment, whose record is
     // going anyway; the head's DEL waits for it and answers the runtime.
-    let noted = rewrite(conf, &key, Wait::No, |chain, _| {
+    let noted = rewrite(conf, &key, Wait::No, false, |chain, _| {
         chain.del_began_at = Some(crate::time::rfc3339(crate::time::now()));
         chain.del_began_boot_ns = began_boot_ns;
     });
