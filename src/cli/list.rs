@@ -447,6 +447,7 @@ pub fn run(args: Args) -> Result<i32> {
             }
         }
         Decoded::Newer(v) => others.push(OtherRow {
+            key: newer_key(&e.path),
             file: e.path.display().to_string(),
             state: "unknown",
             reason: format!("newer-format-{v}"),
@@ -454,6 +455,7 @@ pub fn run(args: Args) -> Result<i32> {
             quarantined_to: None,
         }),
         Decoded::Damaged(Damage { reason, detail }) => others.push(OtherRow {
+            key: None,
             file: e.path.display().to_string(),
             state: "damaged",
             reason: reason.to_string(),
@@ -461,6 +463,7 @@ pub fn run(args: Args) -> Result<i32> {
             quarantined_to: None,
         }),
         Decoded::Unreadable(error) => others.push(OtherRow {
+            key: None,
             file: e.path.display().to_string(),
             state: "unknown",
             reason: "unreadable".into(),
