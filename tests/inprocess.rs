@@ -24,6 +24,47 @@ const SUPPORTED: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 // VERSION and the errors every command answers before it reaches the ledger
 // ---------------------------------------------------------------------------------------
 
+/// Numbers beyond their documented maxima are refused at parse with error 7 naming the
+/// key, on every command (issue #30: `gcBudgetSecs` 18446744073709551615 used to
+/// overflow the GC verb's deadline, a panic answered as code 999). Nothing is written.
+#[test]
+fn out_of_range_numbers_are_refused_naming_the_key() {
+    let w = World::new();
+    let cases = [
+        ("GC", "gcBudgetSecs", u64::MAX),
+        ("GC", "gcBudgetSecs", 3601),
+        ("ADD", "gcBudgetSecs", u64::MAX),
+        ("ADD", "lockTimeoutMs", u64::MAX),
+        ("DEL", "lockTimeoutMs", 3_600_001),
+        ("GC", "gcGraceSecs", u64::MAX),
+    ];
+    for (cmd, key, v) in cases {
+        let mut conf = w.conf("1.1.0");
+        conf[key] = json!(v);
+        let a = if cmd == "GC" {
+            conf["cni.dev/valid-attachments"] = json!([]);
+            w.call(&[("CNI_COMMAND", "GC")], conf.to_string().as_bytes())
+        } else {
+            w.verb(cmd, "c1", &conf)
+        };
+        let e = cni_error(&a, 7);
+        let details = e["details"].as_str().unwrap_or_default();
+        assert!(
+            details.starts_with(&format!("{key} must be at most "))
+                && details.ends_with(&format!("not {v}")),
+            "{cmd} {key}={v}: {a}"
+        );
+    }
+    assert!(!w.ledger.exists(), "nothing written");
+    // The maxima themselves are accepted.
+    let mut conf = w.conf("1.1.0");
+    conf["gcBudgetSecs"] = json!(3600);
+    conf["lockTimeoutMs"] = json!(3_600_000);
+    conf["cni.dev/valid-attachments"] = json!([]);
+    w.call(&[("CNI_COMMAND", "GC")], conf.to_string().as_bytes())
+        .assert_quiet_success();
+}
+
 #[test]
 fn version_needs_no_env_or_config_and_answers_in_the_asked_version() {
     let w = World::new();
