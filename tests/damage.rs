@@ -433,3 +433,123 @@ fn del_of_a_damaged_record_quarantines_it() {
     }
     assert!(w.log_lines().is_empty());
 }
+
+/// Runs `c` to its end, failing the test if it takes longer than `secs` (a FIFO opened
+/// for reading without O_NONBLOCK would hang gc forever).
+fn output_within(mut c: std::process::Command, secs: u64) -> std::process::Output {
+    use std::process::Stdio;
+    let child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let id = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(secs)) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &id.to_string()])
+                .status();
+            panic!("{c:?} still running after {secs} s (blocked?)");
+        }
+    }
+}
+
+/// Issue #30 item 6: what no writer could have made in `records/` (a FIFO under a
+/// record's name and under another, a directory under a record's name, a name that is
+/// not UTF-8) is reported once and moved into quarantine/ by the first gc, which never
+/// blocks on the FIFO; the next gc finds nothing and exits 0. The live record is left
+/// alone, and a DEL whose record is a FIFO succeeds and quarantines it.
+#[test]
+fn odd_entries_in_records_are_quarantined_once_never_blocking() {
+    require_root!();
+    use std::os::unix::ffi::OsStrExt;
+    let w = World::new("dmgodd", NET, "0");
+    let ns = Netns::with_prefix("clodd");
+    w.add("keep", &ns.path_str(), &[]);
+    let kept = std::fs::read(w.record_path("keep")).unwrap();
+    let dir = w.records_dir();
+    let mkfifo = |p: &std::path::Path| {
+        nix::unistd::mkfifo(p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap()
+    };
+    mkfifo(&dir.join(format!("{NET}:fifo:eth0.json")));
+    mkfifo(&dir.join("plain-fifo"));
+    std::fs::create_dir(dir.join(format!("{NET}:adir:eth0.json"))).unwrap();
+    let not_utf8 = std::ffi::OsStr::from_bytes(b"dmg:\xff\xfe:eth0.json");
+    std::fs::write(dir.join(not_utf8), b"{}").unwrap();
+
+    let gc = || {
+        let all = w.gc_args(&[]);
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        let out = output_within(w.cli_cmd(&refs), 60);
+        let rep: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("no report ({e}): {}", describe(&out)));
+        (out, rep)
+    };
+    let (out, rep) = gc();
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    assert_eq!(rep["damaged"].as_array().unwrap().len(), 4, "{rep:#}");
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!log.contains("cannot be quarantined"), "{log}");
+    let mut names: Vec<Vec<u8>> = std::fs::read_dir(w.quarantine_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().as_bytes().to_vec())
+        .collect();
+    names.sort();
+    let has = |prefix: &[u8]| names.iter().any(|n| n.starts_with(prefix));
+    assert!(
+        has(format!("{NET}:fifo:eth0.json.").as_bytes()),
+        "{names:?}"
+    );
+    assert!(has(b"plain-fifo."), "{names:?}");
+    assert!(
+        has(format!("{NET}:adir:eth0.json.").as_bytes()),
+        "{names:?}"
+    );
+    // The name's own bytes, not a lossy copy of them.
+    assert!(has(b"dmg:\xff\xfe:eth0.json."), "{names:?}");
+    assert_eq!(
+        w.records().keys().cloned().collect::<Vec<_>>(),
+        [w.record_name("keep")]
+    );
+    assert_eq!(std::fs::read(w.record_path("keep")).unwrap(), kept);
+
+    let (out, rep) = gc();
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert!(rep["damaged"].as_array().unwrap().is_empty(), "{rep:#}");
+
+    // A FIFO where DEL reads its record: DEL succeeds (no I/O error every retry) and
+    // the FIFO goes to quarantine/.
+    std::fs::remove_file(w.record_path("keep")).unwrap();
+    mkfifo(&w.record_path("keep"));
+    let del = output_within(
+        {
+            let mut c = std::process::Command::new(ledger_bin());
+            c.env("CNI_COMMAND", "DEL")
+                .env("CNI_CONTAINERID", "keep")
+                .env("CNI_IFNAME", "eth0")
+                .env("CNI_PATH", w.cni_path())
+                .stdin(std::fs::File::open(write_stdin(&w)).unwrap());
+            c
+        },
+        60,
+    );
+    assert!(del.status.success(), "DEL: {}", describe(&del));
+    assert!(w.record_path("keep").symlink_metadata().is_err());
+    assert!(std::fs::read_dir(w.quarantine_dir()).unwrap().any(|e| e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .starts_with(&w.record_name("keep"))));
+}
+
+/// The world's plugin stdin in a file (a Command's stdin).
+fn write_stdin(w: &World) -> std::path::PathBuf {
+    let p = w.ledger_dir.parent().unwrap().join("del-stdin.json");
+    std::fs::write(&p, w.stdin()).unwrap();
+    p
+}
