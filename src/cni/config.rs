@@ -251,6 +251,30 @@ fn build(raw: Raw, stdin: &[u8]) -> Result<NetConf, CniError> {
     })
 }
 
+/// ADD's check of the paths it would create things under: each must be absolute. A
+/// relative one resolves against the runtime's working directory, a different place
+/// per runtime (and per call), where ADD would make a ledger no gc ever reads.
+pub fn check_paths_for_add(conf: &NetConf) -> Result<(), CniError> {
+    let paths = [
+        ("ledgerDir", Some(&conf.ledger_dir)),
+        ("logFile", conf.log_file.as_ref()),
+        ("confDir", conf.conf_dir.as_ref()),
+    ];
+    for (key, path) in paths {
+        if let Some(p) = path.filter(|p| !p.is_absolute()) {
+            return Err(CniError::new(
+                error::INVALID_NETWORK_CONFIG,
+                "invalid cni-ledger configuration",
+                format!(
+                    "{key} must be an absolute path, not {:?}",
+                    p.display().to_string()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Refuses a number above its documented maximum (error 7, naming the key).
 fn in_range(key: &str, v: u64, max: u64) -> Result<(), CniError> {
     if v > max {
