@@ -118,10 +118,13 @@ fn ledger_files_are_0600_and_dirs_0700_whatever_the_umask() {
     );
 }
 
+/// gc refuses each of these ledgers, and ADD refuses to record in them with gc's very
+/// words (one check, `Ledger::check_trusted`), writing no record.
 #[test]
 fn gc_refuses_a_ledger_others_could_write() {
     require_root!();
     let w = World::new("sec", "sec", "0");
+    let live = Netns::with_prefix("clsl");
     let mut gone = Netns::with_prefix("cls");
     w.add("stale", &gone.path_str(), &[]);
     gone.delete();
@@ -173,7 +176,7 @@ fn gc_refuses_a_ledger_others_could_write() {
             Box::new(|| chown(&w.ledger_dir.join("locks"), 0, 0)),
         ),
     ];
-    for (what, spoil, restore) in &cases {
+    for (i, (what, spoil, restore)) in cases.iter().enumerate() {
         spoil();
         let (g, _) = w.gc(&[], &[]);
         assert_eq!(
@@ -182,11 +185,25 @@ fn gc_refuses_a_ledger_others_could_write() {
             "{what}: gc did not refuse: {}",
             describe(&g)
         );
+        let gc_err = text(&g.stderr);
+        let reason = gc_err
+            .lines()
+            .find_map(|l| l.find("refusing ledger").map(|at| l[at..].to_string()))
+            .unwrap_or_else(|| panic!("{what}: {}", describe(&g)));
+        let cid = format!("new-{i}");
+        let add = w.plugin("ADD", &cid, "eth0", Some(&live.path_str()), &[]);
         assert!(
-            text(&g.stderr).contains("refusing ledger"),
-            "{what}: {}",
-            describe(&g)
+            !add.status.success(),
+            "{what}: ADD recorded: {}",
+            describe(&add)
         );
+        let answer: serde_json::Value = serde_json::from_slice(&add.stdout).unwrap();
+        let said = format!("{} {}", answer["msg"], answer["details"]);
+        assert!(
+            said.contains(&reason),
+            "{what}: gc said {reason:?}, ADD {said}"
+        );
+        assert!(!w.record_path(&cid).exists(), "{what}");
         assert!(w.log_lines().is_empty(), "{what}: a plugin ran");
         assert!(w.record_path("stale").exists(), "{what}");
         restore();
