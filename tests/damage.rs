@@ -553,3 +553,110 @@ fn write_stdin(w: &World) -> std::path::PathBuf {
     std::fs::write(&p, w.stdin()).unwrap();
     p
 }
+
+/// `cmd` run by `unshare -T --boottime <ahead>`: in a time namespace whose
+/// CLOCK_BOOTTIME reads `ahead` seconds more than the host's.
+fn in_time_ns(ahead: u64, cmd: &std::process::Command) -> std::process::Command {
+    let mut c = std::process::Command::new("unshare");
+    c.args(["-T", "--boottime", &ahead.to_string()])
+        .arg(cmd.get_program())
+        .args(cmd.get_args())
+        .env_clear();
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            c.env(k, v);
+        }
+    }
+    c
+}
+
+fn host_uptime() -> f64 {
+    std::fs::read_to_string("/proc/uptime")
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Issue #30 item 6: a Linux time namespace offsets CLOCK_BOOTTIME, so a plugin and a gc
+/// in different ones read one boot's clock apart. Ages stay right across them: a record
+/// made a moment ago by ADD in a namespace 100000 s ahead, and one made in the host,
+/// are both seconds old to gc in the host and to gc in that namespace (within
+/// `--grace 3600`, so not replayed though their namespace is gone); with `--grace 0`
+/// the same records are replayed, so the grace is what held them.
+#[test]
+fn record_ages_hold_across_time_namespaces() {
+    require_root!();
+    const AHEAD: u64 = 100_000;
+    let w = World::new("dmgtime", NET, "0");
+    let mut gone = Netns::with_prefix("cltime");
+    let add = |cid: &str, ahead: bool| {
+        let mut c = std::process::Command::new(ledger_bin());
+        c.env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("CNI_COMMAND", "ADD")
+            .env("CNI_CONTAINERID", cid)
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_NETNS", gone.path_str())
+            .env("CNI_PATH", w.cni_path());
+        let c = if ahead { in_time_ns(AHEAD, &c) } else { c };
+        let out = run_with_stdin(c, &w.stdin());
+        assert!(out.status.success(), "ADD {cid}: {}", describe(&out));
+    };
+    add("ahead", true);
+    add("host", false);
+    let up = host_uptime();
+    for cid in ["ahead", "host"] {
+        let v: Value = serde_json::from_slice(&std::fs::read(w.record_path(cid)).unwrap()).unwrap();
+        let stamp = v["record"]["createdBootSecs"].as_f64().unwrap();
+        assert!(
+            (stamp - up).abs() < 60.0,
+            "{cid}: createdBootSecs {stamp}, host uptime {up}"
+        );
+    }
+    gone.delete();
+    let gc = |grace: &str, ahead: bool| {
+        let mut c = w.cli_cmd(&[
+            "gc",
+            "--json",
+            "--now",
+            "--grace",
+            grace,
+            "--cni-cache-dir",
+            w.cache_dir.to_str().unwrap(),
+        ]);
+        if ahead {
+            c = in_time_ns(AHEAD, &c);
+        }
+        let out = c.output().unwrap();
+        let rep: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("no report ({e}): {}", describe(&out)));
+        let mut actions: Vec<(String, String)> = rep["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["containerId"].as_str().unwrap_or_default().to_string(),
+                    r["action"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect();
+        actions.sort();
+        actions
+    };
+    let in_grace = vec![
+        ("ahead".to_string(), "skip-grace".to_string()),
+        ("host".to_string(), "skip-grace".to_string()),
+    ];
+    assert_eq!(gc("3600", true), in_grace, "gc {AHEAD} s ahead");
+    assert_eq!(gc("3600", false), in_grace, "gc in the host");
+    assert!(w.log_lines().is_empty(), "a plugin ran");
+    let replayed = vec![
+        ("ahead".to_string(), "replayed".to_string()),
+        ("host".to_string(), "replayed".to_string()),
+    ];
+    assert_eq!(gc("0", true), replayed);
+}
