@@ -433,13 +433,16 @@ pub fn record_names(netns: &str, spec: &Spec) -> Result<Vec<Recorded>, String> {
 /// tail's own entry does not carry the option). None: off, or the snapshot is unusable.
 pub fn spec_of_record(ledger: &Ledger, rec: &crate::ledger::Record) -> Option<Spec> {
     let hash = rec.snapshot.as_deref()?;
+    // The tail's hot path: most chains do without the option, and for them one read
+    // of a small cached file is all it costs (no checksum, no parse).
+    let path = ledger.snapshot_path(hash);
+    let raw = crate::ledger::fsio::read_nofollow(&path, 4 << 20).ok()?;
+    if !raw.windows(13).any(|w| w == b"returnDevices") {
+        return None;
+    }
     let crate::ledger::Snapshot::Ok(bytes) = ledger.get_snapshot(hash).ok()? else {
         return None;
     };
-    // Most chains do without the option: no parse for them.
-    if !bytes.windows(13).any(|w| w == b"returnDevices") {
-        return None;
-    }
     let list: Value = serde_json::from_slice(&bytes).ok()?;
     spec_in_chain(&list, &rec.ledger_type)
 }

@@ -221,6 +221,44 @@ mod tests {
         assert!(valid_ifname("eth0") && !valid_ifname("eth0\n"));
     }
 
+    /// What udev's names need: the PCI header type (multi-function), `dev_port` and
+    /// the MAC, read from sysfs, never from the link's name or alias.
+    #[test]
+    fn scan_reads_what_predictable_names_need() {
+        let t = crate::devices::select::fake::Tree::new("udev");
+        t.link("net1", 3, 1, "cni0", Some("0000:03:00.0"));
+        t.link("net2", 4, 1, "", Some("0000:04:00.0"));
+        t.link("net3", 5, 1, "", Some("pci0000:00/0000:00:03.0/virtio2"));
+        let config = |bus: &str, header: u8| {
+            let mut c = vec![0u8; 64];
+            c[crate::devices::select::PCI_HEADER_TYPE] = header;
+            std::fs::write(t.root.join("devices").join(bus).join("config"), c).unwrap();
+        };
+        config("0000:03:00.0", 0x80);
+        config("0000:04:00.0", 0x00);
+        config("pci0000:00/0000:00:03.0", 0x80);
+        std::fs::write(t.class_net().join("net1/dev_port"), "1\n").unwrap();
+        let links = crate::devices::select::scan(&t.class_net()).unwrap();
+        let by = |n: &str| links.iter().find(|l| l.name == n).unwrap().clone();
+        let (n1, n2, n3) = (by("net1"), by("net2"), by("net3"));
+        assert!(n1.pci_multifunction && !n2.pci_multifunction && n3.pci_multifunction);
+        assert_eq!((n1.dev_port, n2.dev_port), (1, 0));
+        assert_eq!(n1.mac.as_deref(), Some("02:00:00:00:00:03"));
+        let none = HashSet::new();
+        assert_eq!(
+            choose(&n1, None, &none),
+            ("enp3s0f0d1".into(), Source::BusAddress)
+        );
+        assert_eq!(
+            choose(&n2, None, &none),
+            ("enp4s0".into(), Source::BusAddress)
+        );
+        assert_eq!(
+            choose(&n3, None, &none),
+            ("enp0s3f0".into(), Source::BusAddress)
+        );
+    }
+
     #[test]
     fn mac_names() {
         assert_eq!(

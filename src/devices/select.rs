@@ -52,7 +52,7 @@ pub fn pci_address(addr: &str) -> Option<(u32, u32, u32, u32)> {
 }
 
 /// PCI config space offset of the header type, whose bit 7 marks a multi-function device.
-const PCI_HEADER_TYPE: usize = 0x0e;
+pub(crate) const PCI_HEADER_TYPE: usize = 0x0e;
 
 /// Whether the PCI device at `dir` (its sysfs directory) is multi-function, as udev's
 /// net_id reads it: from the header type in its config space.
