@@ -60,20 +60,45 @@ pub fn enabled(level: Level) -> bool {
 /// (and says so there) rather than failing an ADD over logging.
 fn file_sink() -> Option<&'static Mutex<Option<std::fs::File>>> {
     let path = FILE.get()?.as_deref()?;
-    Some(SINK.get_or_init(|| {
-        match std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(path)
-        {
-            Ok(f) => Mutex::new(Some(f)),
-            Err(e) => {
-                eprintln!("cni-ledger: cannot open log file {}: {e}", path.display());
-                Mutex::new(None)
-            }
+    Some(SINK.get_or_init(|| match open_log(path) {
+        Ok(f) => Mutex::new(Some(f)),
+        Err(e) => {
+            eprintln!("cni-ledger: cannot open log file {}: {e}", path.display());
+            Mutex::new(None)
         }
     }))
+}
+
+/// Opens `path` to append as root must: never through a symlink (`O_NOFOLLOW`), never
+/// blocking (a FIFO with no reader fails at once), and, checked on the open file (no
+/// race with a rename), only a regular file this process's user (root) owns with no
+/// other name (a hard link to, say, /etc/shadow is not a log file).
+pub fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::MetadataExt;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC)
+        .open(path)?;
+    let meta = f.metadata()?;
+    let euid = nix::unistd::geteuid().as_raw();
+    let refuse = |why: String| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            why,
+        ))
+    };
+    if !meta.is_file() {
+        return refuse("not a regular file".into());
+    }
+    if meta.uid() != euid {
+        return refuse(format!("owned by uid {}, not {euid}", meta.uid()));
+    }
+    if meta.nlink() > 1 {
+        return refuse(format!("it has {} hard links", meta.nlink()));
+    }
+    Ok(f)
 }
 
 pub fn write(level: Level, msg: std::fmt::Arguments) {

@@ -14,11 +14,55 @@ pub fn now() -> i64 {
 
 /// Seconds since boot on CLOCK_BOOTTIME: steady within a boot (NTP steps the wall
 /// clock, never this one; suspend counts), so an age measured on it within one boot
-/// can neither shrink nor jump. A vDSO read: nothing an ADD would notice.
+/// can neither shrink nor jump. A vDSO read: nothing an ADD would notice. As the
+/// initial time namespace reads it, whatever this process's (`since_boot_ns`).
 pub fn since_boot() -> Option<u64> {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
-        .ok()
-        .and_then(|t| u64::try_from(t.tv_sec()).ok())
+    since_boot_ns().map(|ns| ns / 1_000_000_000)
+}
+
+/// `/proc/self/ns/time` of the initial time namespace: the kernel's `PROC_TIME_INIT_INO`.
+const INITIAL_TIME_NS: &str = "time:[4026531834]";
+
+/// This process's CLOCK_BOOTTIME offset from the initial time namespace's, in ns.
+/// A Linux time namespace (`unshare -T --boottime N`) shifts CLOCK_BOOTTIME by its
+/// offset: a plugin run by a runtime in one and a gc in another (a container with a
+/// time namespace of its own) would read one boot's clock N apart, and gc would take a
+/// record made a second ago for one N seconds old. Stamps and readings are therefore
+/// taken on the initial namespace's clock, this offset subtracted. A process's time
+/// namespace is fixed for its life (unshare and setns move only its children), so it is
+/// read once. None: it cannot be known (no /proc); the boot clock then counts as
+/// unreadable, and ages fall back as they do without it.
+fn boottime_offset_ns() -> Option<i64> {
+    static OFFSET: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
+    *OFFSET.get_or_init(read_boottime_offset)
+}
+
+fn read_boottime_offset() -> Option<i64> {
+    // The common case, one readlink: the initial namespace has no offset.
+    match std::fs::read_link("/proc/self/ns/time") {
+        Ok(l) if l.as_os_str() == INITIAL_TIME_NS => return Some(0),
+        Ok(_) => {}
+        // A kernel before 5.6 has no time namespaces, so no offset.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return std::path::Path::new("/proc/self/ns/net")
+                .exists()
+                .then_some(0);
+        }
+        Err(_) => return None,
+    }
+    boottime_offset_in(&std::fs::read_to_string("/proc/self/timens_offsets").ok()?)
+}
+
+/// The `boottime` line of `/proc/<pid>/timens_offsets` (`boottime <secs> <nanosecs>`),
+/// in ns.
+fn boottime_offset_in(offsets: &str) -> Option<i64> {
+    let line = offsets
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some("boottime"))?;
+    let mut f = line.split_whitespace().skip(1);
+    let secs: i64 = f.next()?.parse().ok()?;
+    let nanos: i64 = f.next()?.parse().ok()?;
+    secs.checked_mul(1_000_000_000)?.checked_add(nanos)
 }
 
 /// An age in whole units for the human tables: `90s`, `5m`, `3h`, `2d`; `-` when negative
@@ -77,15 +121,15 @@ fn born_this_boot(dir: &str) -> Option<i64> {
     i64::try_from(secs).ok().filter(|&s| s > 0)
 }
 
-/// Nanoseconds since boot on CLOCK_BOOTTIME (see `since_boot`): the chain's timings.
+/// Nanoseconds since boot on CLOCK_BOOTTIME (see `since_boot`): records' stamps and
+/// the chain's timings, on the initial time namespace's clock (`boottime_offset_ns`).
 pub fn since_boot_ns() -> Option<u64> {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
-        .ok()
-        .and_then(|t| {
-            let secs = u64::try_from(t.tv_sec()).ok()?;
-            let nanos = u64::try_from(t.tv_nsec()).ok()?;
-            secs.checked_mul(1_000_000_000)?.checked_add(nanos)
-        })
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).ok()?;
+    // time_t and long: i64 on every 64-bit Linux.
+    #[allow(clippy::useless_conversion)]
+    let (secs, nanos) = (i64::from(t.tv_sec()), i64::from(t.tv_nsec()));
+    let own = secs.checked_mul(1_000_000_000)?.checked_add(nanos)?;
+    u64::try_from(own.checked_sub(boottime_offset_ns()?)?).ok()
 }
 
 // Days from civil date and back: Howard Hinnant's algorithms, proleptic Gregorian.
@@ -153,6 +197,30 @@ mod tests {
         assert!(t > 0 && t <= now());
         let began = boot_began().unwrap();
         assert!(began > 0 && began <= t);
+    }
+
+    #[test]
+    fn boottime_offsets_parse() {
+        let offsets = "monotonic           0         0\nboottime       100000       250\n";
+        assert_eq!(boottime_offset_in(offsets), Some(100_000_000_000_250));
+        assert_eq!(
+            boottime_offset_in("monotonic 5 0\nboottime -3 0\n"),
+            Some(-3_000_000_000)
+        );
+        assert_eq!(boottime_offset_in("monotonic 5 0\n"), None);
+        assert_eq!(boottime_offset_in("boottime x 0\n"), None);
+        // This process's own reading agrees with /proc/uptime (which the kernel gives
+        // in the process's namespace) less its offset.
+        let up: f64 = std::fs::read_to_string("/proc/uptime")
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let own = up - boottime_offset_ns().unwrap() as f64 / 1e9;
+        let ours = since_boot_ns().unwrap() as f64 / 1e9;
+        assert!((ours - own).abs() < 2.0, "{ours} vs {own}");
     }
 
     #[test]

@@ -458,3 +458,230 @@ fn del_of_a_damaged_record_quarantines_it() {
     }
     assert!(w.log_lines().is_empty());
 }
+
+/// Runs `c` to its end, failing the test if it takes longer than `secs` (a FIFO opened
+/// for reading without O_NONBLOCK would hang gc forever).
+fn output_within(mut c: std::process::Command, secs: u64) -> std::process::Output {
+    use std::process::Stdio;
+    let child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let id = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(secs)) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &id.to_string()])
+                .status();
+            panic!("{c:?} still running after {secs} s (blocked?)");
+        }
+    }
+}
+
+/// Issue #30 item 6: what no writer could have made in `records/` (a FIFO under a
+/// record's name and under another, a directory under a record's name, a name that is
+/// not UTF-8) is reported once and moved into quarantine/ by the first gc, which never
+/// blocks on the FIFO; the next gc finds nothing and exits 0. The live record is left
+/// alone, and a DEL whose record is a FIFO succeeds and quarantines it.
+#[test]
+fn odd_entries_in_records_are_quarantined_once_never_blocking() {
+    require_root!();
+    use std::os::unix::ffi::OsStrExt;
+    let w = World::new("dmgodd", NET, "0");
+    let ns = Netns::with_prefix("clodd");
+    w.add("keep", &ns.path_str(), &[]);
+    let kept = std::fs::read(w.record_path("keep")).unwrap();
+    let dir = w.records_dir();
+    let mkfifo = |p: &std::path::Path| {
+        nix::unistd::mkfifo(p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap()
+    };
+    mkfifo(&dir.join(format!("{NET}:fifo:eth0.json")));
+    mkfifo(&dir.join("plain-fifo"));
+    std::fs::create_dir(dir.join(format!("{NET}:adir:eth0.json"))).unwrap();
+    let not_utf8 = std::ffi::OsStr::from_bytes(b"dmg:\xff\xfe:eth0.json");
+    std::fs::write(dir.join(not_utf8), b"{}").unwrap();
+
+    let gc = || {
+        let all = w.gc_args(&[]);
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        let out = output_within(w.cli_cmd(&refs), 60);
+        let rep: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("no report ({e}): {}", describe(&out)));
+        (out, rep)
+    };
+    let (out, rep) = gc();
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    assert_eq!(rep["damaged"].as_array().unwrap().len(), 4, "{rep:#}");
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!log.contains("cannot be quarantined"), "{log}");
+    let mut names: Vec<Vec<u8>> = std::fs::read_dir(w.quarantine_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().as_bytes().to_vec())
+        .collect();
+    names.sort();
+    let has = |prefix: &[u8]| names.iter().any(|n| n.starts_with(prefix));
+    assert!(
+        has(format!("{NET}:fifo:eth0.json.").as_bytes()),
+        "{names:?}"
+    );
+    assert!(has(b"plain-fifo."), "{names:?}");
+    assert!(
+        has(format!("{NET}:adir:eth0.json.").as_bytes()),
+        "{names:?}"
+    );
+    // The name's own bytes, not a lossy copy of them.
+    assert!(has(b"dmg:\xff\xfe:eth0.json."), "{names:?}");
+    assert_eq!(
+        w.records().keys().cloned().collect::<Vec<_>>(),
+        [w.record_name("keep")]
+    );
+    assert_eq!(std::fs::read(w.record_path("keep")).unwrap(), kept);
+
+    let (out, rep) = gc();
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert!(rep["damaged"].as_array().unwrap().is_empty(), "{rep:#}");
+
+    // A FIFO where DEL reads its record: DEL succeeds (no I/O error every retry) and
+    // the FIFO goes to quarantine/.
+    std::fs::remove_file(w.record_path("keep")).unwrap();
+    mkfifo(&w.record_path("keep"));
+    let del = output_within(
+        {
+            let mut c = std::process::Command::new(ledger_bin());
+            c.env("CNI_COMMAND", "DEL")
+                .env("CNI_CONTAINERID", "keep")
+                .env("CNI_IFNAME", "eth0")
+                .env("CNI_PATH", w.cni_path())
+                .stdin(std::fs::File::open(write_stdin(&w)).unwrap());
+            c
+        },
+        60,
+    );
+    assert!(del.status.success(), "DEL: {}", describe(&del));
+    assert!(w.record_path("keep").symlink_metadata().is_err());
+    assert!(std::fs::read_dir(w.quarantine_dir()).unwrap().any(|e| e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .starts_with(&w.record_name("keep"))));
+}
+
+/// The world's plugin stdin in a file (a Command's stdin).
+fn write_stdin(w: &World) -> std::path::PathBuf {
+    let p = w.ledger_dir.parent().unwrap().join("del-stdin.json");
+    std::fs::write(&p, w.stdin()).unwrap();
+    p
+}
+
+/// `cmd` run by `unshare -T --boottime <ahead>`: in a time namespace whose
+/// CLOCK_BOOTTIME reads `ahead` seconds more than the host's.
+fn in_time_ns(ahead: u64, cmd: &std::process::Command) -> std::process::Command {
+    let mut c = std::process::Command::new("unshare");
+    c.args(["-T", "--boottime", &ahead.to_string()])
+        .arg(cmd.get_program())
+        .args(cmd.get_args())
+        .env_clear();
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            c.env(k, v);
+        }
+    }
+    c
+}
+
+fn host_uptime() -> f64 {
+    std::fs::read_to_string("/proc/uptime")
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Issue #30 item 6: a Linux time namespace offsets CLOCK_BOOTTIME, so a plugin and a gc
+/// in different ones read one boot's clock apart. Ages stay right across them: a record
+/// made a moment ago by ADD in a namespace 100000 s ahead, and one made in the host,
+/// are both seconds old to gc in the host and to gc in that namespace (within
+/// `--grace 3600`, so not replayed though their namespace is gone); with `--grace 0`
+/// the same records are replayed, so the grace is what held them.
+#[test]
+fn record_ages_hold_across_time_namespaces() {
+    require_root!();
+    const AHEAD: u64 = 100_000;
+    let w = World::new("dmgtime", NET, "0");
+    let mut gone = Netns::with_prefix("cltime");
+    let add = |cid: &str, ahead: bool| {
+        let mut c = std::process::Command::new(ledger_bin());
+        c.env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("CNI_COMMAND", "ADD")
+            .env("CNI_CONTAINERID", cid)
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_NETNS", gone.path_str())
+            .env("CNI_PATH", w.cni_path());
+        let c = if ahead { in_time_ns(AHEAD, &c) } else { c };
+        let out = run_with_stdin(c, &w.stdin());
+        assert!(out.status.success(), "ADD {cid}: {}", describe(&out));
+    };
+    add("ahead", true);
+    add("host", false);
+    let up = host_uptime();
+    for cid in ["ahead", "host"] {
+        let v: Value = serde_json::from_slice(&std::fs::read(w.record_path(cid)).unwrap()).unwrap();
+        let stamp = v["record"]["createdBootSecs"].as_f64().unwrap();
+        assert!(
+            (stamp - up).abs() < 60.0,
+            "{cid}: createdBootSecs {stamp}, host uptime {up}"
+        );
+    }
+    gone.delete();
+    let gc = |grace: &str, ahead: bool| {
+        let mut c = w.cli_cmd(&[
+            "gc",
+            "--json",
+            "--now",
+            "--grace",
+            grace,
+            "--cni-cache-dir",
+            w.cache_dir.to_str().unwrap(),
+        ]);
+        if ahead {
+            c = in_time_ns(AHEAD, &c);
+        }
+        let out = c.output().unwrap();
+        let rep: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("no report ({e}): {}", describe(&out)));
+        let mut actions: Vec<(String, String)> = rep["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["containerId"].as_str().unwrap_or_default().to_string(),
+                    r["action"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect();
+        actions.sort();
+        actions
+    };
+    let in_grace = vec![
+        ("ahead".to_string(), "skip-grace".to_string()),
+        ("host".to_string(), "skip-grace".to_string()),
+    ];
+    assert_eq!(gc("3600", true), in_grace, "gc {AHEAD} s ahead");
+    assert_eq!(gc("3600", false), in_grace, "gc in the host");
+    assert!(w.log_lines().is_empty(), "a plugin ran");
+    let replayed = vec![
+        ("ahead".to_string(), "replayed".to_string()),
+        ("host".to_string(), "replayed".to_string()),
+    ];
+    assert_eq!(gc("0", true), replayed);
+}

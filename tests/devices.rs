@@ -3,7 +3,9 @@
 //! driver. The test machine has no spare NIC, so a veth end moved into the pod under a
 //! `dev*` name with a host-style alias stands in for a driver-moved NIC (it has no
 //! `device` entry, so the `names` pattern selects it). "The host" is the test's private
-//! host namespace, where libcni, the plugins and `cni-ledger gc` run.
+//! host namespace, where libcni, the plugins and `cni-ledger gc` run. The chain has the
+//! ledger's tail entry, which records the device's host name (its alias then) when the
+//! chain completes; the pod may rewrite the alias after, and DEL never uses it.
 // Tests may unwrap: a panic there is a failed test with its message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -47,7 +49,8 @@ fn is_up(l: &Value) -> bool {
         .is_some_and(|f| f.iter().any(|x| x == "UP"))
 }
 
-fn fixture(return_devices: Option<Value>) -> Fixture {
+/// `[cni-ledger, bridge+host-local, (tail)]`, with `returnDevices` when given.
+fn fixture_with(return_devices: Option<Value>, tail: bool) -> Fixture {
     let mut spec = ChainSpec {
         portmap: false,
         ..ChainSpec::full()
@@ -55,15 +58,38 @@ fn fixture(return_devices: Option<Value>) -> Fixture {
     if let Some(v) = return_devices {
         spec = spec.with_ledger_opt("returnDevices", v);
     }
-    Fixture::with_spec(spec)
+    let mut f = Fixture::with_spec(spec);
+    if tail {
+        // The tail entry as `inject` writes it for the fixture's head.
+        f.spec.extra.push(json!({
+            "type": "cni-ledger",
+            "role": "tail",
+            "ledgerDir": f.ledger_dir,
+            "logFile": f.log_file,
+            "logLevel": "info",
+        }));
+        let spec = f.spec.clone();
+        f.write_conflist(&f.conflist(&spec));
+    }
+    f
 }
 
-/// A pod through libcni, plus a veth end moved in from the host as `devx0`, alias
-/// `ens9f0`, up (the way a driver leaves a NIC it configured for the pod).
+fn fixture(return_devices: Option<Value>) -> Fixture {
+    fixture_with(return_devices, true)
+}
+
+/// A veth end moved in from the host as `devx0`, alias `ens9f0`, up (the way a driver
+/// leaves a NIC it configured for the pod), then the pod's ADD through libcni.
 fn pod_with_device(f: &Fixture, cid: &str) -> Netns {
     let pod = Netns::new();
+    put_device(f, &pod);
     f.add(cid, "eth0", Some(&pod.path_str()), None)
         .unwrap_or_else(|e| panic!("ADD: {e}\nlog:\n{}", f.log()));
+    assert!(is_up(&pod_link(&pod, POD_NAME).unwrap()));
+    pod
+}
+
+fn put_device(f: &Fixture, pod: &Netns) {
     let peer = format!("clvh{}", next_id());
     run({
         let mut c = f.host.cmd("ip");
@@ -83,16 +109,34 @@ fn pod_with_device(f: &Fixture, cid: &str) -> Netns {
         c
     });
     assert!(host_link(f, POD_NAME).is_none());
-    assert!(is_up(&pod_link(&pod, POD_NAME).unwrap()));
-    pod
+}
+
+/// The name udev's MAC scheme gives the pod's `devx0`: the neutral name DEL gives it
+/// when nothing was recorded (a veth has no bus address).
+fn mac_name(pod: &Netns) -> String {
+    let l = pod_link(pod, POD_NAME).unwrap();
+    format!("enx{}", l["address"].as_str().unwrap().replace(':', ""))
+}
+
+/// The pod (root in its namespace) rewrites its device's alias.
+fn set_alias(pod: &Netns, alias: &str) {
+    run({
+        let mut c = pod.exec("ip");
+        c.args(["link", "set", POD_NAME, "alias", alias]);
+        c
+    });
 }
 
 fn assert_returned_as(f: &Fixture, pod: &Netns, host_name: &str) {
+    assert_returned_with_alias(f, pod, host_name, ALIAS)
+}
+
+fn assert_returned_with_alias(f: &Fixture, pod: &Netns, host_name: &str, alias: &str) {
     let l = host_link(f, host_name)
         .unwrap_or_else(|| panic!("{host_name} is not on the host\nlog:\n{}", f.log()));
     assert_eq!(l["link_type"], json!("ether"), "{l:#}");
     assert_eq!(l["linkinfo"]["info_kind"], json!("veth"), "{l:#}");
-    assert_eq!(l["ifalias"], json!(ALIAS), "{l:#}");
+    assert_eq!(l["ifalias"], json!(alias), "{l:#}");
     assert!(!is_up(&l), "returned link is up: {l:#}");
     assert!(pod_link(pod, POD_NAME).is_none(), "still in the pod");
     assert!(
@@ -103,7 +147,7 @@ fn assert_returned_as(f: &Fixture, pod: &Netns, host_name: &str) {
 }
 
 #[test]
-fn del_returns_the_device_under_its_alias_down() {
+fn del_returns_the_device_under_the_name_recorded_at_add_down() {
     require_root!();
     let f = fixture(Some(json!({"names": ["dev*"]})));
     let pod = pod_with_device(&f, "c-1");
@@ -112,7 +156,9 @@ fn del_returns_the_device_under_its_alias_down() {
     assert_returned_as(&f, &pod, ALIAS);
     let log = f.log();
     assert!(
-        log.contains("returned netdev devx0 (no bus address) to the host as ens9f0 (by alias)"),
+        log.contains(
+            "returned netdev devx0 (no bus address) to the host as ens9f0 (by name recorded at ADD)"
+        ),
         "{log}"
     );
     // No RDMA here: reported as none, nothing attempted.
@@ -122,7 +168,7 @@ fn del_returns_the_device_under_its_alias_down() {
 }
 
 #[test]
-fn taken_alias_falls_back_and_nothing_on_the_host_is_renamed() {
+fn taken_recorded_name_falls_back_to_a_neutral_one_and_nothing_on_the_host_is_renamed() {
     require_root!();
     let f = fixture(Some(json!({"names": ["dev*"]})));
     run({
@@ -132,15 +178,18 @@ fn taken_alias_falls_back_and_nothing_on_the_host_is_renamed() {
     });
     let before = host_link(&f, ALIAS).unwrap();
     let pod = pod_with_device(&f, "c-2");
+    let neutral = mac_name(&pod);
     f.del("c-2", "eth0", Some(&pod.path_str()), None)
         .unwrap_or_else(|e| panic!("DEL: {e}\nlog:\n{}", f.log()));
-    // Back under its current name; the host's ens9f0 is the same bridge as before.
-    assert_returned_as(&f, &pod, POD_NAME);
+    // Back under its MAC name (never its pod name, which the pod chose); the host's
+    // ens9f0 is the same bridge as before.
+    assert_returned_as(&f, &pod, &neutral);
     let after = host_link(&f, ALIAS).unwrap();
     assert_eq!(after["ifindex"], before["ifindex"]);
     assert_eq!(after["linkinfo"]["info_kind"], json!("bridge"));
     assert!(
-        f.log().contains("to the host as devx0 (by current name)"),
+        f.log()
+            .contains(&format!("to the host as {neutral} (by MAC address)")),
         "{}",
         f.log()
     );
@@ -203,9 +252,7 @@ fn a_device_that_cannot_move_never_fails_del_and_list_shows_it() {
     assert!(pod_link(&pod, "devbr0").is_some());
     let log = f.log();
     assert!(
-        log.contains(
-            "could not return device devbr0 (no bus address): moving to the host as devbr0"
-        ),
+        log.contains("could not return device devbr0 (no bus address): moving to the host as enx"),
         "{log}"
     );
     let rows = f.list_json();
@@ -281,8 +328,8 @@ fn only_the_namespace_with_the_recorded_cookie_gives_up_devices() {
         let spec = Spec {
             names: vec!["dev*".into()],
         };
-        let wrong = return_devices(&path, cookie + 1, &spec);
-        let right = return_devices(&path, cookie, &spec);
+        let wrong = return_devices(&path, cookie + 1, &spec, &[]);
+        let right = return_devices(&path, cookie, &spec, &[]);
         (wrong, right)
     })
     .join()
@@ -297,8 +344,106 @@ fn only_the_namespace_with_the_recorded_cookie_gives_up_devices() {
         wrong.failures
     );
     assert_eq!(right.moved.len(), 1, "{:?}", right.failures);
-    assert!(host_link(&f, ALIAS).is_some());
+    // Given no recorded names, it comes back under a neutral one.
+    assert_eq!(
+        right.moved[0].host_name,
+        mac_name_of(&f, &right.moved[0].host_name)
+    );
+    assert!(host_link(&f, &right.moved[0].host_name).is_some());
     assert!(pod_link(&pod, POD_NAME).is_none());
     f.del("c-cookie", "eth0", Some(&pod.path_str()), None)
         .unwrap_or_else(|e| panic!("DEL: {e}\nlog:\n{}", f.log()));
+}
+
+/// The `enx<mac>` name of the host link `name`, from its address.
+fn mac_name_of(f: &Fixture, name: &str) -> String {
+    let l = host_link(f, name).unwrap_or_else(|| panic!("{name} is not on the host"));
+    format!("enx{}", l["address"].as_str().unwrap().replace(':', ""))
+}
+
+fn alias_mismatches_metric(f: &Fixture) -> String {
+    let file = f.tmp.path().join("cni-ledger.prom");
+    let out = Command::new(ledger_bin())
+        .arg("gc")
+        .args(["--ledger-dir", f.ledger_dir.to_str().unwrap()])
+        .args(["--conf-dir", f.conf_dir.to_str().unwrap()])
+        .args(["--cni-cache-dir", f.cache_dir.to_str().unwrap()])
+        .arg("--metrics-file")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", describe(&out));
+    let text = std::fs::read_to_string(&file).unwrap();
+    text.lines()
+        .find(|l| l.starts_with("cni_ledger_device_alias_mismatches "))
+        .unwrap_or_else(|| panic!("no alias metric in:\n{text}"))
+        .to_string()
+}
+
+/// Issue #30 item 4: a pod rewrites its device's alias after ADD, to `cni0` (which the
+/// bridge plugin of a node would then find taken) and to the name of a link the host
+/// has. The device comes back under the name recorded when the chain completed, the
+/// mismatch is logged at warn and counted, and no host link is touched.
+#[test]
+fn an_alias_the_pod_rewrites_after_add_is_never_the_host_name() {
+    require_root!();
+    let f = fixture(Some(json!({"names": ["dev*"]})));
+    assert_eq!(
+        alias_mismatches_metric(&f),
+        "cni_ledger_device_alias_mismatches 0"
+    );
+    for (cid, alias) in [("c-a1", "cni0"), ("c-a2", f.bridge.as_str())] {
+        let pod = pod_with_device(&f, cid);
+        let br_before = host_link(&f, &f.bridge).expect("the chain's bridge");
+        set_alias(&pod, alias);
+        f.del(cid, "eth0", Some(&pod.path_str()), None)
+            .unwrap_or_else(|e| panic!("DEL: {e}\nlog:\n{}", f.log()));
+        assert_returned_with_alias(&f, &pod, ALIAS, alias);
+        assert!(host_link(&f, "cni0").is_none(), "cni0 appeared on the host");
+        let br_after = host_link(&f, &f.bridge).unwrap();
+        assert_eq!(br_after["ifindex"], br_before["ifindex"]);
+        assert_eq!(br_after["linkinfo"]["info_kind"], json!("bridge"));
+        let log = f.log();
+        assert!(
+            log.contains(&format!(
+                "warn DEL cltest/{cid}/eth0: device devx0: its alias is {alias:?} but ens9f0 was recorded"
+            )),
+            "{log}"
+        );
+        // The next pod's device may be named ens9f0 too: move this one out of the way.
+        run({
+            let mut c = f.host.cmd("ip");
+            c.args(["link", "del", ALIAS]);
+            c
+        });
+    }
+    assert_eq!(
+        alias_mismatches_metric(&f),
+        "cni_ledger_device_alias_mismatches 2"
+    );
+}
+
+/// Without the tail nothing was recorded: a rewritten alias still never names the
+/// device; it comes back under its neutral (MAC) name, and no mismatch is claimed.
+#[test]
+fn with_nothing_recorded_a_rewritten_alias_gives_the_neutral_name() {
+    require_root!();
+    let f = fixture_with(Some(json!({"names": ["dev*"]})), false);
+    let pod = pod_with_device(&f, "c-n1");
+    set_alias(&pod, "cni0");
+    let neutral = mac_name(&pod);
+    f.del("c-n1", "eth0", Some(&pod.path_str()), None)
+        .unwrap_or_else(|e| panic!("DEL: {e}\nlog:\n{}", f.log()));
+    assert_returned_with_alias(&f, &pod, &neutral, "cni0");
+    assert!(host_link(&f, "cni0").is_none());
+    let log = f.log();
+    assert!(
+        log.contains(&format!("to the host as {neutral} (by MAC address)")),
+        "{log}"
+    );
+    assert!(!log.contains("was recorded"), "{log}");
+    assert_eq!(
+        alias_mismatches_metric(&f),
+        "cni_ledger_device_alias_mismatches 0"
+    );
 }

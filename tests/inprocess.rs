@@ -24,6 +24,80 @@ const SUPPORTED: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 // VERSION and the errors every command answers before it reaches the ledger
 // ---------------------------------------------------------------------------------------
 
+/// A relative `ledgerDir`, `logFile` or `confDir` is refused at ADD with error 7 naming
+/// the key, before anything is made in the runtime's working directory (ADD used to
+/// create the ledger there, then fail). Other commands log to stderr rather than to a
+/// relative log file.
+#[test]
+fn relative_paths_are_refused_at_add_and_nothing_is_made_in_the_cwd() {
+    let w = World::new();
+    let rel = format!("cl-rel-{}", std::process::id());
+    assert!(!std::path::Path::new(&rel).exists());
+    for key in ["ledgerDir", "logFile", "confDir"] {
+        let mut conf = w.conf("1.0.0");
+        conf[key] = json!(format!("{rel}/x"));
+        conf["logLevel"] = json!("debug");
+        let e = cni_error(&w.add("c1", &conf), 7);
+        assert_eq!(
+            e["details"],
+            json!(format!("{key} must be an absolute path, not \"{rel}/x\"")),
+            "{e}"
+        );
+        let made = std::path::Path::new(&rel).exists();
+        let _ = fs::remove_dir_all(&rel);
+        assert!(!made, "{key}: ADD made {rel} in the working directory");
+    }
+    assert!(!w.ledger.exists(), "nothing written");
+    let mut conf = w.conf("1.0.0");
+    conf["logFile"] = json!(format!("{rel}.log"));
+    conf["logLevel"] = json!("debug");
+    w.verb("DEL", "c1", &conf).assert_quiet_success();
+    let made = std::path::Path::new(&format!("{rel}.log")).exists();
+    let _ = fs::remove_file(format!("{rel}.log"));
+    assert!(!made, "DEL wrote a log file in the working directory");
+}
+
+/// Numbers beyond their documented maxima are refused at parse with error 7 naming the
+/// key, on every command (issue #30: `gcBudgetSecs` 18446744073709551615 used to
+/// overflow the GC verb's deadline, a panic answered as code 999). Nothing is written.
+#[test]
+fn out_of_range_numbers_are_refused_naming_the_key() {
+    let w = World::new();
+    let cases = [
+        ("GC", "gcBudgetSecs", u64::MAX),
+        ("GC", "gcBudgetSecs", 3601),
+        ("ADD", "gcBudgetSecs", u64::MAX),
+        ("ADD", "lockTimeoutMs", u64::MAX),
+        ("DEL", "lockTimeoutMs", 3_600_001),
+        ("GC", "gcGraceSecs", u64::MAX),
+    ];
+    for (cmd, key, v) in cases {
+        let mut conf = w.conf("1.1.0");
+        conf[key] = json!(v);
+        let a = if cmd == "GC" {
+            conf["cni.dev/valid-attachments"] = json!([]);
+            w.call(&[("CNI_COMMAND", "GC")], conf.to_string().as_bytes())
+        } else {
+            w.verb(cmd, "c1", &conf)
+        };
+        let e = cni_error(&a, 7);
+        let details = e["details"].as_str().unwrap_or_default();
+        assert!(
+            details.starts_with(&format!("{key} must be at most "))
+                && details.ends_with(&format!("not {v}")),
+            "{cmd} {key}={v}: {a}"
+        );
+    }
+    assert!(!w.ledger.exists(), "nothing written");
+    // The maxima themselves are accepted.
+    let mut conf = w.conf("1.1.0");
+    conf["gcBudgetSecs"] = json!(3600);
+    conf["lockTimeoutMs"] = json!(3_600_000);
+    conf["cni.dev/valid-attachments"] = json!([]);
+    w.call(&[("CNI_COMMAND", "GC")], conf.to_string().as_bytes())
+        .assert_quiet_success();
+}
+
 #[test]
 fn version_needs_no_env_or_config_and_answers_in_the_asked_version() {
     let w = World::new();

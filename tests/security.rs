@@ -118,10 +118,13 @@ fn ledger_files_are_0600_and_dirs_0700_whatever_the_umask() {
     );
 }
 
+/// gc refuses each of these ledgers, and ADD refuses to record in them with gc's very
+/// words (one check, `Ledger::check_trusted`), writing no record.
 #[test]
 fn gc_refuses_a_ledger_others_could_write() {
     require_root!();
     let w = World::new("sec", "sec", "0");
+    let live = Netns::with_prefix("clsl");
     let mut gone = Netns::with_prefix("cls");
     w.add("stale", &gone.path_str(), &[]);
     gone.delete();
@@ -173,7 +176,7 @@ fn gc_refuses_a_ledger_others_could_write() {
             Box::new(|| chown(&w.ledger_dir.join("locks"), 0, 0)),
         ),
     ];
-    for (what, spoil, restore) in &cases {
+    for (i, (what, spoil, restore)) in cases.iter().enumerate() {
         spoil();
         let (g, _) = w.gc(&[], &[]);
         assert_eq!(
@@ -182,11 +185,25 @@ fn gc_refuses_a_ledger_others_could_write() {
             "{what}: gc did not refuse: {}",
             describe(&g)
         );
+        let gc_err = text(&g.stderr);
+        let reason = gc_err
+            .lines()
+            .find_map(|l| l.find("refusing ledger").map(|at| l[at..].to_string()))
+            .unwrap_or_else(|| panic!("{what}: {}", describe(&g)));
+        let cid = format!("new-{i}");
+        let add = w.plugin("ADD", &cid, "eth0", Some(&live.path_str()), &[]);
         assert!(
-            text(&g.stderr).contains("refusing ledger"),
-            "{what}: {}",
-            describe(&g)
+            !add.status.success(),
+            "{what}: ADD recorded: {}",
+            describe(&add)
         );
+        let answer: serde_json::Value = serde_json::from_slice(&add.stdout).unwrap();
+        let said = format!("{} {}", answer["msg"], answer["details"]);
+        assert!(
+            said.contains(&reason),
+            "{what}: gc said {reason:?}, ADD {said}"
+        );
+        assert!(!w.record_path(&cid).exists(), "{what}");
         assert!(w.log_lines().is_empty(), "{what}: a plugin ran");
         assert!(w.record_path("stale").exists(), "{what}");
         restore();
@@ -407,4 +424,70 @@ fn plugin_types_that_are_not_bare_names_are_never_executed() {
     // The good plugin of the chain still got its DEL; the record stays for an operator.
     assert_eq!(w.log_lines().len(), 1);
     assert!(w.record_path("victim").exists());
+}
+
+/// Issue #30 item 6: `logFile` is opened with O_NOFOLLOW and without blocking, and is
+/// appended to only when, checked on the open file, it is a regular file root owns
+/// with one name. A symlink (to a file root owns), a file another user owns, a second
+/// hard link to a root file and a FIFO are each refused: the ADD still succeeds, says
+/// so on stderr, and the file behind is untouched. An ordinary path is created 0600.
+#[test]
+fn log_file_is_never_followed_nor_appended_unless_root_owns_it_alone() {
+    require_root!();
+    let w = World::new("seclog", "seclog", "0");
+    let ns = Netns::with_prefix("cllog");
+    let dir = w.ledger_dir.parent().unwrap().join("logs");
+    fs::create_dir_all(&dir).unwrap();
+    let precious = dir.join("precious");
+    fs::write(&precious, "precious\n").unwrap();
+    std::os::unix::fs::symlink(&precious, dir.join("link.log")).unwrap();
+    fs::hard_link(&precious, dir.join("hard.log")).unwrap();
+    let theirs = dir.join("theirs.log");
+    fs::write(&theirs, "theirs\n").unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    nix::unistd::mkfifo(
+        &dir.join("fifo.log"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    let add = |cid: &str, log: &Path| {
+        let mut v: serde_json::Value = serde_json::from_slice(&w.stdin()).unwrap();
+        v["logFile"] = json!(log);
+        v["logLevel"] = json!("info");
+        let out = w.plugin_with(
+            &serde_json::to_vec(&v).unwrap(),
+            "ADD",
+            cid,
+            "eth0",
+            Some(&ns.path_str()),
+            &[],
+        );
+        assert!(out.status.success(), "ADD {cid}: {}", describe(&out));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    for (cid, name, why) in [
+        ("l1", "link.log", "Too many levels of symbolic links"),
+        ("l2", "hard.log", "it has 2 hard links"),
+        ("l3", "theirs.log", "owned by uid 65534, not 0"),
+        ("l4", "fifo.log", "No such device or address"),
+    ] {
+        let err = add(cid, &dir.join(name));
+        assert!(
+            err.contains(&format!(
+                "cannot open log file {}",
+                dir.join(name).display()
+            )) && err.contains(why),
+            "{name}: {err}"
+        );
+    }
+    assert_eq!(fs::read_to_string(&precious).unwrap(), "precious\n");
+    assert_eq!(fs::read_to_string(&theirs).unwrap(), "theirs\n");
+    let good = dir.join("good.log");
+    let err = add("l5", &good);
+    assert!(!err.contains("cannot open log file"), "{err}");
+    let meta = fs::metadata(&good).unwrap();
+    assert_eq!((meta.mode() & 0o777, meta.uid()), (0o600, 0));
+    assert!(fs::read_to_string(&good)
+        .unwrap()
+        .contains("ADD seclog/l5/eth0"));
 }

@@ -17,6 +17,14 @@ pub const DEFAULT_LOCK_TIMEOUT_MS: u64 = 5000;
 /// How long the CNI GC verb may take in all (`gcBudgetSecs`): CRI-O gives its whole GC
 /// call 30 s, so the answer must come well before that, whatever a plugin's DEL does.
 pub const DEFAULT_GC_BUDGET_SECS: u64 = 20;
+/// Largest `gcBudgetSecs`: an hour. A runtime's GC call waits seconds (CRI-O: 30 s);
+/// larger values are refused rather than clamped (a typo should be seen, not obeyed).
+pub const MAX_GC_BUDGET_SECS: u64 = 3600;
+/// Largest `lockTimeoutMs`: an hour (an ADD or DEL waiting longer is a runtime's
+/// timeout anyway). Beyond what a deadline `Instant` can hold, a wait would panic.
+pub const MAX_LOCK_TIMEOUT_MS: u64 = 3_600_000;
+/// Largest `gcGraceSecs`: a year, well inside the signed seconds ages are counted in.
+pub const MAX_GC_GRACE_SECS: u64 = 366 * 86_400;
 /// Largest stdin accepted; a conflist is a few KiB, anything near this is an attack or a bug.
 pub const MAX_STDIN: usize = 1 << 20;
 
@@ -211,6 +219,12 @@ fn build(raw: Raw, stdin: &[u8]) -> Result<NetConf, CniError> {
             "gcBudgetSecs must be at least 1",
         ));
     }
+    in_range("gcBudgetSecs", gc_budget_secs, MAX_GC_BUDGET_SECS)?;
+    let lock_timeout_ms = raw.lock_timeout_ms.unwrap_or(DEFAULT_LOCK_TIMEOUT_MS);
+    in_range("lockTimeoutMs", lock_timeout_ms, MAX_LOCK_TIMEOUT_MS)?;
+    if let Some(grace) = raw.gc_grace_secs {
+        in_range("gcGraceSecs", grace, MAX_GC_GRACE_SECS)?;
+    }
     Ok(NetConf {
         // skel's decoder treats a missing version as 0.1.0, which no one supports today.
         cni_version: raw.cni_version.unwrap_or_else(|| "0.1.0".into()),
@@ -229,12 +243,48 @@ fn build(raw: Raw, stdin: &[u8]) -> Result<NetConf, CniError> {
         capabilities,
         runtime_config: raw.runtime_config,
         prev_result: raw.prev_result,
-        lock_timeout_ms: raw.lock_timeout_ms.unwrap_or(DEFAULT_LOCK_TIMEOUT_MS),
+        lock_timeout_ms,
         gc_grace_secs: raw.gc_grace_secs,
         gc_budget_secs,
         return_devices,
         stdin: stdin.to_vec(),
     })
+}
+
+/// ADD's check of the paths it would create things under: each must be absolute. A
+/// relative one resolves against the runtime's working directory, a different place
+/// per runtime (and per call), where ADD would make a ledger no gc ever reads.
+pub fn check_paths_for_add(conf: &NetConf) -> Result<(), CniError> {
+    let paths = [
+        ("ledgerDir", Some(&conf.ledger_dir)),
+        ("logFile", conf.log_file.as_ref()),
+        ("confDir", conf.conf_dir.as_ref()),
+    ];
+    for (key, path) in paths {
+        if let Some(p) = path.filter(|p| !p.is_absolute()) {
+            return Err(CniError::new(
+                error::INVALID_NETWORK_CONFIG,
+                "invalid cni-ledger configuration",
+                format!(
+                    "{key} must be an absolute path, not {:?}",
+                    p.display().to_string()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a number above its documented maximum (error 7, naming the key).
+fn in_range(key: &str, v: u64, max: u64) -> Result<(), CniError> {
+    if v > max {
+        return Err(CniError::new(
+            error::INVALID_NETWORK_CONFIG,
+            "invalid cni-ledger configuration",
+            format!("{key} must be at most {max}, not {v}"),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -300,6 +350,20 @@ mod tests {
             br#"{"name":"n","gcBudgetSecs":-1}"#,
         ] {
             assert_eq!(parse(bad).unwrap_err().code, error::INVALID_NETWORK_CONFIG);
+        }
+        // Above the documented maxima (u64::MAX once overflowed a deadline: a panic).
+        for (key, max) in [
+            ("gcBudgetSecs", MAX_GC_BUDGET_SECS),
+            ("lockTimeoutMs", MAX_LOCK_TIMEOUT_MS),
+            ("gcGraceSecs", MAX_GC_GRACE_SECS),
+        ] {
+            let doc = |v: u64| format!(r#"{{"name":"n","{key}":{v}}}"#).into_bytes();
+            assert!(parse(&doc(max)).is_ok(), "{key}");
+            for v in [max + 1, u64::MAX] {
+                let e = parse(&doc(v)).unwrap_err();
+                assert_eq!(e.code, error::INVALID_NETWORK_CONFIG, "{key}");
+                assert_eq!(e.details, format!("{key} must be at most {max}, not {v}"));
+            }
         }
         assert_eq!(c.log_level, Level::Error);
         let c = parse(br#"{"name":"n","logLevel":"info"}"#).unwrap();

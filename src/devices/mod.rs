@@ -127,6 +127,45 @@ pub struct Outcome {
     pub failures: Vec<Failure>,
     /// What the RDMA side found when it found nothing to move.
     pub rdma_note: Option<String>,
+    /// Links whose alias at DEL is not the host name recorded when the chain completed.
+    pub mismatches: Vec<Mismatch>,
+}
+
+/// A link's host name as recorded when the chain completed (the tail's ADD), before the
+/// pod's containers could run: what its alias said then. Matched at DEL by bus address
+/// and ifindex, which the pod cannot change (unlike the link's name and alias).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Recorded {
+    pub pod_name: String,
+    pub ifindex: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bus_address: Option<String>,
+    pub host_name: String,
+}
+
+impl Recorded {
+    fn is(&self, l: &select::PodLink) -> bool {
+        self.ifindex == l.ifindex && self.bus_address == l.bus_address
+    }
+}
+
+/// The recorded names a chain note holds (`chain.devices`); none when it holds none or
+/// they do not decode.
+pub fn recorded_in(devices: Option<&Value>) -> Vec<Recorded> {
+    devices
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_default()
+}
+
+/// A link whose alias at DEL disagrees with its recorded host name: the pod rewrote it
+/// (or the driver did after ADD). The alias is not used either way.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Mismatch {
+    pub pod_name: String,
+    pub alias: Option<String>,
+    pub recorded: String,
 }
 
 fn failure(device: &str, bus_address: Option<String>, error: impl std::fmt::Display) -> Failure {
@@ -141,7 +180,7 @@ fn failure(device: &str, bus_address: Option<String>, error: impl std::fmt::Disp
 /// runs in (the host's), if the namespace opened there has the cookie `cookie` (the
 /// record's): what is entered is exactly what was checked, however the path changes in
 /// between. Never fails: what goes wrong is in `Outcome::failures`.
-pub fn return_devices(netns: &str, cookie: u64, spec: &Spec) -> Outcome {
+pub fn return_devices(netns: &str, cookie: u64, spec: &Spec, recorded: &[Recorded]) -> Outcome {
     let fail = |step: &str, e: &dyn std::fmt::Display| Outcome {
         failures: vec![failure("-", None, format!("{step}: {e}"))],
         ..Outcome::default()
@@ -171,11 +210,12 @@ pub fn return_devices(netns: &str, cookie: u64, spec: &Spec) -> Outcome {
         Err(e) => return fail(&format!("reading the cookie of {netns}"), &e),
     }
     let patterns = spec.names.clone();
+    let recorded = recorded.to_vec();
     // setns changes the calling thread's namespace for good, and whatever it runs or
     // spawns later inherits it: so it happens only on this thread, which then ends.
     let worker = std::thread::Builder::new()
         .name("return-devices".into())
-        .spawn(move || inside(&pod_ns, &host_ns, host_names, &patterns));
+        .spawn(move || inside(&pod_ns, &host_ns, host_names, &patterns, &recorded));
     match worker {
         Ok(handle) => handle
             .join()
@@ -184,23 +224,17 @@ pub fn return_devices(netns: &str, cookie: u64, spec: &Spec) -> Outcome {
     }
 }
 
-/// Runs on the dedicated thread: enter the pod's namespace, get a sysfs that shows it,
-/// move RDMA devices and then netdevs to `host_ns`.
-fn inside(
-    pod_ns: &File,
-    host_ns: &File,
-    mut taken: HashSet<String>,
-    patterns: &[String],
-) -> Outcome {
+/// Enters the namespace `pod_ns` on the calling thread (which must be one of its own,
+/// ending after) and mounts a sysfs that shows it.
+fn enter(pod_ns: &File) -> Result<(), String> {
     use nix::mount::{mount, MsFlags};
     use nix::sched::{setns, unshare, CloneFlags};
-    let mut out = Outcome::default();
     // /sys/class/net lists the links of the namespace whose process mounted that sysfs,
     // not the caller's: so mount one from inside, in a mount namespace of this thread
     // alone (slave, so nothing propagates to the host). The `device` entry read there is
     // exactly "backed by a device" on every kernel (IFLA_PARENT_DEV_NAME says the same
     // but only from 5.15), and sysfs also gives the bus address and the alias.
-    let entered = setns(pod_ns, CloneFlags::CLONE_NEWNET)
+    setns(pod_ns, CloneFlags::CLONE_NEWNET)
         .map_err(|e| format!("entering the namespace: {e}"))
         .and_then(|()| {
             unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("private mount namespace: {e}"))
@@ -224,8 +258,20 @@ fn inside(
                 None::<&str>,
             )
             .map_err(|e| format!("mounting the namespace's sysfs: {e}"))
-        });
-    if let Err(e) = entered {
+        })
+}
+
+/// Runs on the dedicated thread: enter the pod's namespace, get a sysfs that shows it,
+/// move RDMA devices and then netdevs to `host_ns`.
+fn inside(
+    pod_ns: &File,
+    host_ns: &File,
+    mut taken: HashSet<String>,
+    patterns: &[String],
+    recorded: &[Recorded],
+) -> Outcome {
+    let mut out = Outcome::default();
+    if let Err(e) = enter(pod_ns) {
         out.failures.push(failure("-", None, e));
         return out;
     }
@@ -258,7 +304,18 @@ fn inside(
         }
     };
     for l in chosen {
-        let (name, source) = naming::choose(l, &taken);
+        let rec = recorded
+            .iter()
+            .find(|r| r.is(l))
+            .map(|r| r.host_name.as_str());
+        if let Some(rec) = rec.filter(|r| l.alias.as_deref() != Some(*r)) {
+            out.mismatches.push(Mismatch {
+                pod_name: l.name.clone(),
+                alias: l.alias.clone(),
+                recorded: rec.to_string(),
+            });
+        }
+        let (name, source) = naming::choose(l, rec, &taken);
         match link::move_to(&mut conn, l.ifindex, host_fd, &name) {
             Ok(()) => {
                 taken.insert(name.clone());
@@ -340,17 +397,71 @@ fn bus_of(sysfs_dir: &Path) -> Option<String> {
         .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()))
 }
 
+/// The tail's part at ADD: the host names (aliases) of the links `spec` would return
+/// from the namespace at `netns`, read now, when the chain has completed and before the
+/// pod's containers run. Links without a valid alias are not recorded (DEL gives them a
+/// neutral name).
+pub fn record_names(netns: &str, spec: &Spec) -> Result<Vec<Recorded>, String> {
+    let pod_ns = File::open(netns).map_err(|e| format!("opening {netns}: {e}"))?;
+    let patterns = spec.names.clone();
+    // Its own thread, for setns (see `return_devices`).
+    std::thread::Builder::new()
+        .name("record-devices".into())
+        .spawn(move || {
+            enter(&pod_ns)?;
+            let links = select::scan(Path::new("/sys/class/net"))
+                .map_err(|e| format!("reading /sys/class/net: {e}"))?;
+            Ok(select::select(&links, &patterns)
+                .into_iter()
+                .filter_map(|l| {
+                    let alias = l.alias.as_deref().filter(|a| naming::valid_ifname(a))?;
+                    Some(Recorded {
+                        pod_name: l.name.clone(),
+                        ifindex: l.ifindex,
+                        bus_address: l.bus_address.clone(),
+                        host_name: alias.to_string(),
+                    })
+                })
+                .collect())
+        })
+        .map_err(|e| format!("starting the namespace thread: {e}"))?
+        .join()
+        .unwrap_or_else(|_| Err("panicked".into()))
+}
+
+/// `returnDevices` as the head's entry of the chain `rec` was recorded with has it (the
+/// tail's own entry does not carry the option). None: off, or the snapshot is unusable.
+pub fn spec_of_record(ledger: &Ledger, rec: &crate::ledger::Record) -> Option<Spec> {
+    let hash = rec.snapshot.as_deref()?;
+    // The tail's hot path: most chains do without the option, and for them one read
+    // of a small cached file is all it costs (no checksum, no parse).
+    let path = ledger.snapshot_path(hash);
+    let raw = crate::ledger::fsio::read_nofollow(&path, 4 << 20).ok()?;
+    if !raw.windows(13).any(|w| w == b"returnDevices") {
+        return None;
+    }
+    let crate::ledger::Snapshot::Ok(bytes) = ledger.get_snapshot(hash).ok()? else {
+        return None;
+    };
+    let list: Value = serde_json::from_slice(&bytes).ok()?;
+    spec_in_chain(&list, &rec.ledger_type)
+}
+
 /// DEL's (and gc's replayed DEL's) part: return the devices of the attachment `key`
 /// from `netns`, log each, and keep failures where `list` shows them. Never fails.
 pub fn at_del(ledger: &Ledger, key: &Key, netns: &str, spec: &Spec, who: &str) {
     // The record is still there (devices go back before it does): its cookie names the
     // one namespace devices may be taken from.
-    let cookie = match ledger.read(&key.stem()) {
-        Ok(Some(crate::ledger::Decoded::Ok(rec))) => rec.netns_id.and_then(|id| id.cookie),
-        _ => None,
+    // The record reads with the tail's note, which holds the names recorded at ADD.
+    let (cookie, recorded) = match ledger.read(&key.stem()) {
+        Ok(Some(crate::ledger::Decoded::Ok(rec))) => (
+            rec.netns_id.and_then(|id| id.cookie),
+            recorded_in(rec.chain.as_ref().and_then(|c| c.devices.as_ref())),
+        ),
+        _ => (None, Vec::new()),
     };
     let out = match cookie {
-        Some(cookie) => return_devices(netns, cookie, spec),
+        Some(cookie) => return_devices(netns, cookie, spec, &recorded),
         None => Outcome {
             failures: vec![failure(
                 "-",
@@ -371,6 +482,19 @@ pub fn at_del(ledger: &Ledger, key: &Key, netns: &str, spec: &Spec, who: &str) {
                 .map(|s| format!(" (by {})", s.as_str()))
                 .unwrap_or_default()
         );
+    }
+    for m in &out.mismatches {
+        crate::warn!(
+            "{who} {key}: device {}: its alias is {} but {} was recorded when the chain completed; the alias is not used",
+            m.pod_name,
+            m.alias.as_deref().map_or("unset".into(), |a| format!("{a:?}")),
+            m.recorded
+        );
+    }
+    if !out.mismatches.is_empty() {
+        if let Err(e) = note::write_mismatches(ledger, key, &out.mismatches) {
+            crate::error!("{who} {key}: cannot keep the alias mismatches: {e:#}");
+        }
     }
     if let Some(why) = &out.rdma_note {
         crate::info!("{who} {key}: RDMA: none to return ({why})");

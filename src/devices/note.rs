@@ -31,16 +31,7 @@ pub fn dir(ledger: &Ledger) -> PathBuf {
 
 pub fn write(ledger: &Ledger, key: &Key, netns: &str, failures: &[Failure]) -> Result<PathBuf> {
     let dir = dir(ledger);
-    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-        Ok(()) => fsio::fsync_dir(ledger.root())?,
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            // Never write through a symlink planted in the ledger.
-            let meta = std::fs::symlink_metadata(&dir)
-                .with_context(|| format!("checking {}", dir.display()))?;
-            anyhow::ensure!(meta.is_dir(), "{} is not a directory", dir.display());
-        }
-        Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
-    }
+    mkdir_checked(&dir, ledger.root())?;
     let note = Note {
         network: key.network.clone(),
         container_id: key.container_id.clone(),
@@ -55,6 +46,58 @@ pub fn write(ledger: &Ledger, key: &Key, netns: &str, failures: &[Failure]) -> R
     fsio::write_atomic(&dir, &name, &bytes, "devices")
         .with_context(|| format!("writing {}", dir.join(&name).display()))?;
     Ok(dir.join(name))
+}
+
+/// Where DEL keeps the links whose alias disagreed with the recorded host name, one
+/// file per attachment, until an operator removes them (counted by the metric
+/// `cni_ledger_device_alias_mismatches`).
+pub fn mismatch_dir(ledger: &Ledger) -> PathBuf {
+    dir(ledger).join("alias-mismatch")
+}
+
+fn mkdir_checked(dir: &Path, parent: &Path) -> Result<()> {
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => fsio::fsync_dir(parent)?,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            // Never write through a symlink planted in the ledger.
+            let meta = std::fs::symlink_metadata(dir)
+                .with_context(|| format!("checking {}", dir.display()))?;
+            anyhow::ensure!(meta.is_dir(), "{} is not a directory", dir.display());
+        }
+        Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
+    }
+    Ok(())
+}
+
+pub fn write_mismatches(
+    ledger: &Ledger,
+    key: &Key,
+    mismatches: &[super::Mismatch],
+) -> Result<PathBuf> {
+    mkdir_checked(&dir(ledger), ledger.root())?;
+    let dir = mismatch_dir(ledger);
+    mkdir_checked(&dir, &self::dir(ledger))?;
+    let body = serde_json::json!({
+        "network": key.network, "containerId": key.container_id, "ifname": key.ifname,
+        "at": crate::time::rfc3339(crate::time::now()), "mismatches": mismatches,
+    });
+    let name = format!("{}.json", key.stem());
+    let mut bytes = serde_json::to_vec(&body)?;
+    bytes.push(b'\n');
+    fsio::write_atomic(&dir, &name, &bytes, "devices")
+        .with_context(|| format!("writing {}", dir.join(&name).display()))?;
+    Ok(dir.join(name))
+}
+
+/// How many attachments' alias mismatches are kept (files in `mismatch_dir`).
+pub fn mismatch_count(ledger: &Ledger) -> usize {
+    std::fs::read_dir(mismatch_dir(ledger))
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+                .count()
+        })
+        .unwrap_or(0)
 }
 
 /// Every note, oldest first; one that does not read or decode is reported as such.

@@ -25,6 +25,42 @@ pub struct PodLink {
     /// A `device` entry exists: the netdev is backed by hardware (NIC, SR-IOV VF).
     pub hardware: bool,
     pub loopback: bool,
+    /// The PCI device has several functions (its header type's bit 7): udev then names
+    /// function 0 with `f0` too.
+    pub pci_multifunction: bool,
+    /// `dev_port`: which port of a PCI function that drives several (0: the first).
+    pub dev_port: u32,
+    /// The MAC address (`address`), for the `enx<mac>` name of a link with no PCI address.
+    pub mac: Option<String>,
+}
+
+/// The parts of a PCI address `DDDD:BB:SS.F` (hex): domain, bus, slot, function.
+pub fn pci_address(addr: &str) -> Option<(u32, u32, u32, u32)> {
+    let (rest, func) = addr.rsplit_once('.')?;
+    let mut parts = rest.split(':');
+    let (domain, bus, slot) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some()
+        || domain.len() != 4
+        || bus.len() != 2
+        || slot.len() != 2
+        || func.len() != 1
+    {
+        return None;
+    }
+    let hex = |s: &str| u32::from_str_radix(s, 16).ok();
+    Some((hex(domain)?, hex(bus)?, hex(slot)?, hex(func)?))
+}
+
+/// PCI config space offset of the header type, whose bit 7 marks a multi-function device.
+pub(crate) const PCI_HEADER_TYPE: usize = 0x0e;
+
+/// Whether the PCI device at `dir` (its sysfs directory) is multi-function, as udev's
+/// net_id reads it: from the header type in its config space.
+fn pci_multifunction(dir: &Path) -> bool {
+    std::fs::read(dir.join("config"))
+        .ok()
+        .and_then(|c| c.get(PCI_HEADER_TYPE).copied())
+        .is_some_and(|t| t & 0x80 != 0)
 }
 
 fn read_trimmed(path: &Path) -> Option<String> {
@@ -58,12 +94,20 @@ pub fn scan(class_net: &Path) -> io::Result<Vec<PodLink>> {
         let bus_address = std::fs::read_link(&device)
             .ok()
             .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()));
-        let pci_address = std::fs::canonicalize(&device).ok().and_then(|p| {
-            p.iter()
-                .rev()
-                .map(|c| c.to_string_lossy().into_owned())
-                .find(|c| super::naming::pci_address(c).is_some())
+        // The nearest PCI ancestor of the device, and its sysfs directory.
+        let pci_dir = std::fs::canonicalize(&device).ok().and_then(|p| {
+            p.ancestors()
+                .find(|a| {
+                    a.file_name()
+                        .is_some_and(|n| pci_address(&n.to_string_lossy()).is_some())
+                })
+                .map(Path::to_path_buf)
         });
+        let pci_address = pci_dir
+            .as_ref()
+            .and_then(|d| d.file_name())
+            .map(|n| n.to_string_lossy().into_owned());
+        let pci_multifunction = pci_dir.as_deref().is_some_and(pci_multifunction);
         let loopback = name == "lo"
             || read_number(&dir.join("type")) == Some(ARPHRD_LOOPBACK)
             || read_number(&dir.join("flags")).is_some_and(|f| f & IFF_LOOPBACK != 0);
@@ -75,6 +119,9 @@ pub fn scan(class_net: &Path) -> io::Result<Vec<PodLink>> {
             pci_address,
             hardware,
             loopback,
+            pci_multifunction,
+            dev_port: read_number(&dir.join("dev_port")).unwrap_or(0),
+            mac: read_trimmed(&dir.join("address")),
         });
     }
     links.sort_by_key(|l| l.ifindex);
@@ -155,6 +202,11 @@ pub(crate) mod fake {
             std::fs::write(dir.join("flags"), format!("{flags}\n")).unwrap();
             // sysfs shows an unset alias as an empty line.
             std::fs::write(dir.join("ifalias"), format!("{alias}\n")).unwrap();
+            std::fs::write(
+                dir.join("address"),
+                format!("02:00:00:00:00:{ifindex:02x}\n"),
+            )
+            .unwrap();
             if let Some(bus) = bus {
                 let target = self.root.join("devices").join(bus);
                 std::fs::create_dir_all(&target).unwrap();

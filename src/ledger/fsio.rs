@@ -230,6 +230,17 @@ pub fn remove_durable(dir: &Path, name: &str) -> io::Result<bool> {
 /// Reads a regular file without following a symlink planted in its place. Sized from
 /// fstat, so a record costs one read (plus the one that sees the end), not a series of
 /// growing ones: scans of 100,000 records are dominated by these syscalls.
+const NOT_A_FILE: &str = "not a regular file";
+
+fn not_a_file() -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, NOT_A_FILE)
+}
+
+/// The error `read_nofollow` and `read_listed_file` give for what is not a regular file.
+pub fn is_not_a_file(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::InvalidData && e.to_string() == NOT_A_FILE
+}
+
 pub fn read_nofollow(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
     use std::io::Read;
     let mut f = OpenOptions::new()
@@ -238,10 +249,7 @@ pub fn read_nofollow(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
         .open(path)?;
     let meta = f.metadata()?;
     if !meta.is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "not a regular file",
-        ));
+        return Err(not_a_file());
     }
     let want = meta.len().min(limit) as usize;
     let mut buf = vec![0u8; want + 1];
@@ -283,6 +291,10 @@ pub fn read_listed_file(dir: &File, name: &std::ffi::OsStr, limit: u64) -> io::R
     // SAFETY: `fd` was just returned by a successful openat and is owned by nothing
     // else; the File takes sole ownership and closes it once.
     let f = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    // A FIFO or device under a record's name: opened without blocking, never read.
+    if !f.metadata()?.is_file() {
+        return Err(not_a_file());
+    }
     let mut buf = Vec::with_capacity(8192);
     f.take(limit).read_to_end(&mut buf)?;
     Ok(buf)

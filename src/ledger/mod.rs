@@ -72,6 +72,27 @@ pub struct Entry {
     pub decoded: Decoded,
 }
 
+/// An entry of `records/` no writer can ever make a good record of, whatever its
+/// name's ending: a name that is not UTF-8 (no key has one; read back by a lossy name
+/// it would be another file), or a directory. Found as foreign files, so quarantine
+/// moves them by path without a key's lock, once, instead of reporting them forever.
+fn odd_entry(item: &std::fs::DirEntry, name: &str) -> Option<Damage> {
+    if item.file_name().to_str().is_none() {
+        return Some(Damage::new(
+            DamageReason::ForeignFile,
+            format!("a file name that is not UTF-8 ({name})"),
+        ));
+    }
+    match item.file_type() {
+        // An ADD's rename cannot replace a directory: it is no record, ever.
+        Ok(t) if t.is_dir() => Some(Damage::new(
+            DamageReason::ForeignFile,
+            "a directory stands in place of a record",
+        )),
+        _ => None,
+    }
+}
+
 fn mkdir_private(path: &Path) -> io::Result<bool> {
     match std::fs::DirBuilder::new().mode(0o700).create(path) {
         Ok(()) => Ok(true),
@@ -160,6 +181,14 @@ impl Ledger {
                 Ok(Some(Decoded::Damaged(Damage::new(
                     DamageReason::Symlink,
                     "a symlink stands in place of a record",
+                ))))
+            }
+            // A FIFO or directory under the record's name: damage (DEL quarantines it),
+            // not an I/O error that would fail every DEL of the key.
+            Err(e) if fsio::is_not_a_file(&e) || e.raw_os_error() == Some(nix::libc::EISDIR) => {
+                Ok(Some(Decoded::Damaged(Damage::new(
+                    DamageReason::NotAFile,
+                    "not a regular file",
                 ))))
             }
             Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
@@ -279,6 +308,13 @@ impl Ledger {
             return None;
         }
         let path = item.path();
+        if let Some(odd) = odd_entry(item, &name) {
+            return Some(Entry {
+                stem: name,
+                path,
+                decoded: Decoded::Damaged(odd),
+            });
+        }
         let Some(stem) = name.strip_suffix(RECORD_EXT) else {
             return Some(Entry {
                 stem: name.clone(),
@@ -308,6 +344,11 @@ impl Ledger {
                         DamageReason::Symlink,
                         "a symlink stands in place of a record",
                     ))
+                }
+                // A FIFO, socket or device the listing did not type (opened without
+                // blocking, then refused by its fstat).
+                Err(e) if fsio::is_not_a_file(&e) => {
+                    Decoded::Damaged(Damage::new(DamageReason::NotAFile, "not a regular file"))
                 }
                 // The read failed, not the content: left where it is for the next run.
                 Err(e) => Decoded::Unreadable(e.to_string()),

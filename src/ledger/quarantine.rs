@@ -59,17 +59,36 @@ impl Ledger {
             return q;
         }
         let q = match self.lock(&d.stem, Wait::No) {
-            Ok(Some(_lock)) => match self.read(&d.stem) {
-                Ok(Some(Decoded::Damaged(..))) => moved(self.quarantine(&d.path)),
-                // Unreadable now is no proof of damage: it stays, for the next run.
-                Err(e) => Quarantine::Failed(e),
-                _ => Quarantine::Replaced,
+            Ok(Some(_lock)) => match self.still_not_a_file(d) {
+                Some(q) => q,
+                None => match self.read(&d.stem) {
+                    Ok(Some(Decoded::Damaged(..))) => moved(self.quarantine(&d.path)),
+                    // Unreadable now is no proof of damage: it stays, for the next run.
+                    Err(e) => Quarantine::Failed(e),
+                    _ => Quarantine::Replaced,
+                },
             },
             Ok(None) => Quarantine::Busy,
             Err(e) => Quarantine::Failed(e),
         };
         log_record(who, d, &q);
         q
+    }
+
+    /// For a record found not a regular file (a FIFO, socket or device under a record's
+    /// name), what the key's holder does: moves it if it still is one (a read would
+    /// only say "not a regular file" again, every run, forever), or none when an ADD
+    /// has since renamed a file over it and the read decides.
+    fn still_not_a_file(&self, d: &Damaged) -> Option<Quarantine> {
+        if d.reason != DamageReason::NotAFile {
+            return None;
+        }
+        match d.path.symlink_metadata() {
+            Ok(m) if m.is_file() => None,
+            Ok(_) => Some(moved(self.quarantine(&d.path))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(Quarantine::Replaced),
+            Err(e) => Some(Quarantine::Failed(e.into())),
+        }
     }
 
     /// Quarantines a record its caller, holding the key's lock, has just read damaged
@@ -102,16 +121,20 @@ impl Ledger {
         if mkdir_private(&qdir).with_context(|| format!("creating {}", qdir.display()))? {
             fsio::fsync_dir(&self.root)?;
         }
+        // The name's own bytes (not UTF-8, perhaps), and a suffix.
         let name = path
             .file_name()
-            .context("quarantine: path has no file name")?
-            .to_string_lossy()
-            .into_owned();
+            .context("quarantine: path has no file name")?;
         let now = crate::time::now();
-        let mut target = qdir.join(format!("{name}.{now}"));
+        let named = |suffix: String| {
+            let mut n = name.to_os_string();
+            n.push(suffix);
+            qdir.join(n)
+        };
+        let mut target = named(format!(".{now}"));
         let mut n = 1;
         while target.symlink_metadata().is_ok() {
-            target = qdir.join(format!("{name}.{now}.{n}"));
+            target = named(format!(".{now}.{n}"));
             n += 1;
         }
         std::fs::rename(path, &target)

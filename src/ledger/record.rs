@@ -128,6 +128,10 @@ pub struct ChainNote {
     pub del_began_at: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub del_began_boot_ns: Option<u64>,
+    /// `returnDevices`: the host names of the pod's devices when the chain completed,
+    /// before the pod could touch them (`devices::Recorded`, decoded there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices: Option<Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

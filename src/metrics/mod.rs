@@ -26,6 +26,7 @@ pub struct Metrics {
     pub records: IntGaugeVec,
     pub stale: IntGaugeVec,
     pub quarantined: IntGauge,
+    pub alias_mismatches: IntGauge,
     pub replays: IntCounterVec,
     pub gc_runs: IntCounterVec,
     pub gc_duration: Gauge,
@@ -135,6 +136,10 @@ impl Metrics {
                 "reason",
             ),
             quarantined,
+            alias_mismatches: int_gauge(
+                "cni_ledger_device_alias_mismatches",
+                "Attachments whose returned device's ifalias at DEL was not the host name recorded when the chain completed (the pod rewrote it; the alias was not used): files in the ledger's devices/alias-mismatch/, kept until an operator removes them.",
+            ),
             unreadable: gauge(
                 "cni_ledger_unreadable_records",
                 "Records the last gc run could not read (EIO, EMFILE, ...): left in place, not judged, read again next run.",
@@ -424,6 +429,8 @@ impl Metrics {
             .map(|rd| rd.count())
             .unwrap_or(0);
         self.quarantined.set(q as i64);
+        self.alias_mismatches
+            .set(crate::devices::note::mismatch_count(ledger) as i64);
         ranges
     }
 

@@ -44,6 +44,8 @@ fn conf_dir(conf: &NetConf) -> PathBuf {
 
 fn record(conf: &NetConf, args: &CmdArgs, started_boot_ns: Option<u64>) -> Result<(), CniError> {
     let ledger = Ledger::open_for_write(&conf.ledger_dir).map_err(ledger_error)?;
+    // What gc would refuse to replay from, ADD refuses to record in (gc's own check).
+    ledger.check_trusted().map_err(ledger_error)?;
     let key = Key::new(&conf.name, &args.container_id, &args.ifname);
     let stem = key.stem();
     let wait = Wait::Upto(Duration::from_millis(conf.lock_timeout_ms));

@@ -126,8 +126,13 @@ fn run(
             ));
         }
     }
+    if cmd == Command::Add {
+        config::check_paths_for_add(&conf)?;
+    }
     crate::logging::set_level(conf.log_level);
-    crate::logging::init(conf.log_file.as_deref());
+    // A relative logFile (refused at ADD) would be a file in the runtime's working
+    // directory: other commands log to stderr instead.
+    crate::logging::init(conf.log_file.as_deref().filter(|p| p.is_absolute()));
     crate::debug!(
         "{raw_cmd} {}/{}/{} netns {:?}",
         conf.name,

@@ -143,12 +143,31 @@ fn add(conf: &NetConf, args: &CmdArgs) -> Value {
             _ => None,
         };
         chain.result = conf.prev_result.clone();
+        chain.devices = device_names(conf, args, &key, rec);
     });
     match completed {
         Ok(()) => crate::info!("ADD {key}: chain completed"),
         Err(e) => crate::warn!("ADD {key}: tail: chain completion not recorded: {e}"),
     }
     result
+}
+
+/// With `returnDevices` on in the head's entry: the host names of the pod's devices now,
+/// before its containers run (DEL names them so, never by what the pod wrote since).
+fn device_names(
+    conf: &NetConf,
+    args: &CmdArgs,
+    key: &Key,
+    rec: &crate::ledger::Record,
+) -> Option<Value> {
+    let spec = crate::devices::spec_of_record(&Ledger::at(&conf.ledger_dir), rec)?;
+    match crate::devices::record_names(&args.netns, &spec) {
+        Ok(names) => serde_json::to_value(names).ok(),
+        Err(e) => {
+            crate::warn!("ADD {key}: tail: device names not recorded ({e}); DEL will give them neutral names");
+            None
+        }
+    }
 }
 
 fn del(conf: &NetConf, args: &CmdArgs) {
