@@ -10,11 +10,13 @@ use super::{
 use crate::conflist;
 use crate::ledger::{Decoded, Key, KeyLock, Ledger, Record, Snapshot, Wait};
 use crate::libcni::cache::CachedAttachment;
+use crate::sandbox::holders::NodeIndex;
 use anyhow::Result;
 use serde_json::{Map, Value};
 use std::path::PathBuf;
 
-/// What became of `seen`, a record the scan judged stale.
+/// What became of `seen`, a record the scan judged stale. `node` is the run's index of
+/// the node's namespace holders, shared with the scan.
 pub(super) fn attempt(
     ledger: &Ledger,
     seen: &Record,
@@ -22,6 +24,7 @@ pub(super) fn attempt(
     boot: &str,
     now: i64,
     opts: &Options,
+    node: &NodeIndex,
 ) -> RecordReport {
     let key = seen.key();
     if let Decision::Skip(action) = decide(seen, judged.0, now, opts) {
@@ -31,7 +34,7 @@ pub(super) fn attempt(
     let Some(lock) = try_lock(ledger, &key) else {
         return RecordReport::of(seen, judged, Action::Busy);
     };
-    match recheck(ledger, seen, boot, opts) {
+    match recheck(ledger, seen, boot, opts, node) {
         Recheck::Stale {
             rec,
             judged,
@@ -80,7 +83,13 @@ enum Recheck {
 }
 
 /// Judges again under the lock: what we scanned may have been replaced or removed.
-fn recheck(ledger: &Ledger, seen: &Record, boot: &str, opts: &Options) -> Recheck {
+fn recheck(
+    ledger: &Ledger,
+    seen: &Record,
+    boot: &str,
+    opts: &Options,
+    node: &NodeIndex,
+) -> Recheck {
     let key = seen.key();
     let rec = match ledger.read(&key.stem()) {
         Ok(Some(Decoded::Ok(rec))) if rec.add_id == seen.add_id => rec,
@@ -90,7 +99,7 @@ fn recheck(ledger: &Ledger, seen: &Record, boot: &str, opts: &Options) -> Rechec
             return Recheck::Changed;
         }
     };
-    let l = judge(&rec, boot, opts);
+    let l = judge(&rec, boot, opts, node);
     match l.reason {
         Some(reason) => Recheck::Stale {
             rec,

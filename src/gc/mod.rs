@@ -14,11 +14,12 @@ pub use policy::{
     BACKOFF_MAX_SECS,
 };
 pub use report::{
-    failure_text, Action, ConfigSource, CriSummary, DamagedReport, RecordReport, Report, Summary,
-    UnreadableReport,
+    failure_text, Action, ConfigSource, CriSummary, DamagedReport, HeldReport, RecordReport,
+    Report, Summary, UnreadableReport,
 };
 
 use crate::ledger::{Damage, Damaged, Decoded, Entry, Ledger, Quarantine, Record};
+use crate::sandbox::holders::NodeIndex;
 use crate::sandbox::{self, Evidence, Reason};
 use anyhow::{Context, Result};
 use serde_json::Value;
@@ -155,7 +156,10 @@ pub fn run(opts: &Options) -> Result<Report> {
     ledger.check_trusted()?;
     let boot = sandbox::boot_id().context("reading the boot ID")?;
     let now = crate::time::now();
-    let (mut candidates, tallies) = scan(&ledger, &boot, opts, &mut report)?;
+    // One index of the node's namespace holders per run, built only if a record of this
+    // boot would otherwise be gone; scan and re-check under the lock share it.
+    let node = NodeIndex::new();
+    let (mut candidates, tallies) = scan(&ledger, &boot, opts, &node, &mut report)?;
     // A runtime whose list cannot be right judges nothing, here and under the lock.
     let unjudged;
     let mut opts = opts;
@@ -174,7 +178,7 @@ pub fn run(opts: &Options) -> Result<Report> {
     }
     // Snapshots the removed records referred to: the only ones a per-network gc may sweep.
     let mut released = HashSet::new();
-    for (i, r) in attempt_all(&ledger, &candidates, &boot, now, opts) {
+    for (i, r) in attempt_all(&ledger, &candidates, &boot, now, opts, &node) {
         report.summary.count(r.action);
         if r.action == Action::Replayed {
             released.extend(candidates[i].rec.snapshot.clone());
@@ -196,6 +200,8 @@ pub fn run(opts: &Options) -> Result<Report> {
 #[derive(Default)]
 struct Scan {
     live: usize,
+    /// Live records whose namespace only a holder elsewhere on the node showed.
+    held: Vec<HeldReport>,
     candidates: Vec<Candidate>,
     runtime: BTreeMap<String, RuntimeTally>,
     newer: Vec<DamagedReport>,
@@ -204,17 +210,25 @@ struct Scan {
 }
 
 impl Scan {
-    fn visit(&mut self, entry: Entry, boot: &str, opts: &Options) {
+    fn visit(&mut self, entry: Entry, boot: &str, opts: &Options, node: &NodeIndex) {
         match entry.decoded {
             Decoded::Ok(rec) => {
                 if opts.network.as_ref().is_some_and(|n| *n != rec.network) {
                     return;
                 }
-                let (l, verdict) = policy::assess(&rec, boot, opts);
+                let (l, verdict, holder) = policy::assess(&rec, boot, opts, node);
                 if let (Some(v), true) = (verdict, l.verified) {
                     let t = self.runtime.entry(rec.network.clone()).or_default();
                     t.verified += 1;
                     t.absent += usize::from(v == crate::cri::Verdict::Absent);
+                }
+                if let (None, Some(h)) = (l.reason, holder) {
+                    crate::info!(
+                        "gc: {}: live: {} is not there from here, but its namespace is {h}",
+                        rec.key(),
+                        rec.netns
+                    );
+                    self.held.push(HeldReport::of(&rec, &h));
                 }
                 match l.reason {
                     None => self.live += 1,
@@ -248,10 +262,11 @@ fn scan(
     ledger: &Ledger,
     boot: &str,
     opts: &Options,
+    node: &NodeIndex,
     report: &mut Report,
 ) -> Result<(Vec<Candidate>, BTreeMap<String, RuntimeTally>)> {
     let scans = ledger.scan(crate::ledger::scan_jobs(), Scan::default, |acc, entry| {
-        acc.visit(entry, boot, opts)
+        acc.visit(entry, boot, opts, node)
     })?;
     let mut candidates = Vec::new();
     let mut damaged = Vec::new();
@@ -263,6 +278,7 @@ fn scan(
             sum.absent += t.absent;
         }
         report.summary.live += scan.live;
+        report.held.extend(scan.held);
         candidates.extend(scan.candidates);
         report.damaged.extend(scan.newer);
         damaged.extend(scan.damaged);
@@ -284,6 +300,9 @@ fn scan(
     // By file, not in the scan workers' finishing order: the same ledger, the same report.
     report.damaged.sort_by(|a, b| a.file.cmp(&b.file));
     report.unreadable.sort_by(|a, b| a.file.cmp(&b.file));
+    report.held.sort_by(|a, b| {
+        (&a.network, &a.container_id, &a.ifname).cmp(&(&b.network, &b.container_id, &b.ifname))
+    });
     report.summary.damaged = report.damaged.len();
     report.summary.unreadable = report.unreadable.len();
     if !opts.dry_run {
@@ -309,6 +328,7 @@ fn attempt_all(
     boot: &str,
     now: i64,
     opts: &Options,
+    node: &NodeIndex,
 ) -> Vec<(usize, RecordReport)> {
     let next = AtomicUsize::new(0);
     let out_of_time = || opts.deadline.is_some_and(|d| Instant::now() >= d);
@@ -329,7 +349,7 @@ fn attempt_all(
             };
             done.push((
                 i,
-                attempt::attempt(ledger, &c.rec, c.judged, boot, now, opts),
+                attempt::attempt(ledger, &c.rec, c.judged, boot, now, opts, node),
             ));
         }
         done
