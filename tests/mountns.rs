@@ -230,6 +230,27 @@ fn namespaces_pinned_in_a_runtimes_own_mount_namespace_are_live() {
         assert!(row["heldBy"].as_str().is_some(), "{row:#}");
     }
 
+    // The CNI GC verb, every attachment in the runtime's valid list: the list judges only
+    // what rules 2 and 3 left live, so without the node search it released them all too.
+    let mut stdin = f.plugin_stdin("1.1.0");
+    stdin["cni.dev/valid-attachments"] = pods
+        .iter()
+        .map(|(cid, _)| json!({"containerID": cid, "ifname": "eth0"}))
+        .collect();
+    let mut verb = f.host.cmd(ledger_bin());
+    verb.env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("CNI_COMMAND", "GC")
+        .env("CNI_CONTAINERID", "")
+        .env("CNI_NETNS", "")
+        .env("CNI_ARGS", "")
+        .env("CNI_IFNAME", "")
+        .env("CNI_PATH", f.cni_path());
+    let out = run_with_stdin(verb, &serde_json::to_vec(&stdin).unwrap());
+    assert!(out.status.success(), "GC verb: {}", describe(&out));
+    assert_eq!(f.record_files(), records, "the GC verb removed a live record");
+    assert_eq!(f.ipam_addresses(), leases, "the GC verb freed a live address");
+
     // The control: the pods' processes and the stand-in gone, its mount namespace and
     // every pin with it: the next gc releases every address.
     let pids: Vec<u32> = s.pods.clone();
