@@ -57,7 +57,15 @@ struct StandIn {
 impl StandIn {
     fn start(private: &Path, shared: &Path, ready: &Path) -> StandIn {
         let child = Command::new("unshare")
-            .args(["-m", "--propagation", "slave", "sh", "-c", STAND_IN, "stand-in"])
+            .args([
+                "-m",
+                "--propagation",
+                "slave",
+                "sh",
+                "-c",
+                STAND_IN,
+                "stand-in",
+            ])
             .arg(private)
             .arg(shared)
             .arg(ready)
@@ -75,7 +83,13 @@ impl StandIn {
             if let Some(status) = s.child.as_mut().unwrap().try_wait().unwrap() {
                 let mut err = String::new();
                 use std::io::Read;
-                let _ = s.child.take().unwrap().stderr.unwrap().read_to_string(&mut err);
+                let _ = s
+                    .child
+                    .take()
+                    .unwrap()
+                    .stderr
+                    .unwrap()
+                    .read_to_string(&mut err);
                 panic!("the stand-in exited ({status}): {err}");
             }
             assert!(Instant::now() < deadline, "the stand-in never got ready");
@@ -128,9 +142,7 @@ impl Drop for StandIn {
 /// Waits until no process has `pid` any more (killed orphans are reaped by init).
 fn wait_gone(pid: u32) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|s| !s.contains(") Z "))
-    {
+    while fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z ")) {
         assert!(Instant::now() < deadline, "pid {pid} did not exit");
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -188,7 +200,11 @@ fn namespaces_pinned_in_a_runtimes_own_mount_namespace_are_live() {
     assert_eq!(fs::metadata(shared.join("pb")).unwrap().len(), 0);
     let records = f.record_files();
     let leases = f.ipam_addresses();
-    assert_eq!((records.len(), leases.len()), (3, 3), "{records:?} {leases:?}");
+    assert_eq!(
+        (records.len(), leases.len()),
+        (3, 3),
+        "{records:?} {leases:?}"
+    );
 
     let (out, report) = f.gc(&["--grace", "0"]);
     let report = report.unwrap_or_else(|| panic!("gc printed no JSON: {}", describe(&out)));
@@ -248,8 +264,16 @@ fn namespaces_pinned_in_a_runtimes_own_mount_namespace_are_live() {
         .env("CNI_PATH", f.cni_path());
     let out = run_with_stdin(verb, &serde_json::to_vec(&stdin).unwrap());
     assert!(out.status.success(), "GC verb: {}", describe(&out));
-    assert_eq!(f.record_files(), records, "the GC verb removed a live record");
-    assert_eq!(f.ipam_addresses(), leases, "the GC verb freed a live address");
+    assert_eq!(
+        f.record_files(),
+        records,
+        "the GC verb removed a live record"
+    );
+    assert_eq!(
+        f.ipam_addresses(),
+        leases,
+        "the GC verb freed a live address"
+    );
 
     // The control: the pods' processes and the stand-in gone, its mount namespace and
     // every pin with it: the next gc releases every address.
