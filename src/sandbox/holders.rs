@@ -340,6 +340,40 @@ mod tests {
         assert_eq!(index.find(&none), None);
     }
 
+    /// A namespace only one thread of a process is in (it unshared on its own) is found
+    /// among the threads, once no process and no mount has it. Needs root (unshare).
+    #[test]
+    fn a_thread_alone_in_a_namespace_holds_it() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let tid = nix::unistd::gettid().as_raw() as u32;
+            let super::super::Probe::Namespace(id) =
+                super::super::probe("/proc/thread-self/ns/net")
+            else {
+                panic!("/proc/thread-self/ns/net is not nsfs");
+            };
+            tx.send((tid, id)).unwrap();
+            // Stays in it until the test has looked.
+            let _ = done_rx.recv();
+        });
+        let (tid, id) = rx.recv().unwrap();
+        let found = NodeIndex::new().find(&id);
+        done_tx.send(()).unwrap();
+        t.join().unwrap();
+        assert_eq!(
+            found,
+            Some(Holder::Thread {
+                pid: std::process::id(),
+                tid
+            })
+        );
+    }
+
     #[test]
     fn holders_read_as_the_report_shows_them() {
         assert_eq!(Holder::Process { pid: 12 }.to_string(), "held by pid 12");
