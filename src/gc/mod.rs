@@ -223,11 +223,6 @@ impl Scan {
                     t.absent += usize::from(v == crate::cri::Verdict::Absent);
                 }
                 if let (None, Some(h)) = (l.reason, holder) {
-                    crate::info!(
-                        "gc: {}: live: {} is not there from here, but its namespace is {h}",
-                        rec.key(),
-                        rec.netns
-                    );
                     self.held.push(HeldReport::of(&rec, &h));
                 }
                 match l.reason {
@@ -303,6 +298,18 @@ fn scan(
     report.held.sort_by(|a, b| {
         (&a.network, &a.container_id, &a.ifname).cmp(&(&b.network, &b.container_id, &b.ifname))
     });
+    // One line, not one per record: a runtime with private mounts makes every one of
+    // its pods such a record, on every run.
+    if let Some(first) = report.held.first() {
+        crate::info!(
+            "gc: {} record(s) live though their netns path shows no namespace from here: held elsewhere on the node (e.g. {}/{}/{}: {}); see the report's held",
+            report.held.len(),
+            first.network,
+            first.container_id,
+            first.ifname,
+            first.held_by
+        );
+    }
     report.summary.damaged = report.damaged.len();
     report.summary.unreadable = report.unreadable.len();
     if !opts.dry_run {
