@@ -249,6 +249,11 @@ fn build_threads(proc: &Path) -> Index {
     };
     for pid in pids(proc) {
         let task = proc.join(format!("{pid}/task"));
+        // procfs gives a task directory 2 + threads links: one stat skips the (most)
+        // processes with a single thread, whose thread is the process already indexed.
+        if !std::fs::metadata(&task).is_ok_and(|m| m.nlink() > 3) {
+            continue;
+        }
         let Ok(own) = link_key(&proc.join(format!("{pid}/ns/net")), dev) else {
             continue;
         };
