@@ -74,7 +74,7 @@ for ((i = 0; i < PROCS; i++)); do
 	pids+=($!)
 done
 sleep 1
-nprocs=$(find /proc -maxdepth 1 -name '[0-9]*' | wc -l)
+nprocs=$(ls /proc | grep -c '^[0-9]')
 
 python3 - "$LEDGER" "$B" "$ROUNDS" "$RECORDS" "$nprocs" "$MOUNTNS" <<'EOF'
 import json, statistics, subprocess, sys, time
