@@ -193,6 +193,12 @@ fn print_human(r: &Report) {
     if let Some(why) = &r.cri_refused {
         println!("cri: {why}");
     }
+    for h in &r.held {
+        println!(
+            "live: {}/{}/{}: {} not seen from here, namespace {}",
+            h.network, h.container_id, h.ifname, h.netns, h.held_by
+        );
+    }
     if !r.records.is_empty() {
         let rows: Vec<Vec<String>> = r
             .records

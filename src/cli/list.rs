@@ -51,6 +51,11 @@ struct Row<'a> {
     identity: &'static str,
     /// The namespace's cookie proved it the recorded one just now.
     netns_verified: bool,
+    /// What keeps a live record's namespace alive when its path shows none from here (a
+    /// runtime's private mount): "held by pid N", "mounted at P in the mount namespace of
+    /// pid N". Absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    held_by: Option<String>,
     attempts: u32,
     last_error: Option<&'a str>,
     next_attempt_at: Option<&'a str>,
@@ -184,6 +189,9 @@ fn table_cells(row: &Row, now: i64) -> Vec<String> {
     if let Some(source) = row.source {
         reason = format!("{reason} ({source})");
     }
+    if let Some(held) = &row.held_by {
+        reason = format!("{reason} ({held})");
+    }
     vec![
         row.network.into(),
         row.container_id.into(),
@@ -275,9 +283,11 @@ fn row<'a>(
     path: &Path,
     cri: Option<&crate::cri::Judgement>,
     chain: Option<Arc<Vec<ChainPlugin>>>,
+    node: &sandbox::holders::NodeIndex,
 ) -> Row<'a> {
     let verdict = cri.and_then(|c| c.verdict(rec));
-    let mut l = sandbox::liveness(&rec.boot_id, &rec.netns, rec.netns_id, boot);
+    let (mut l, holder) =
+        sandbox::liveness_on_node(&rec.boot_id, &rec.netns, rec.netns_id, boot, node);
     if l.reason.is_none() && verdict == Some(crate::cri::Verdict::Absent) {
         l.reason = Some(sandbox::Reason::NotInRuntime);
         l.evidence = sandbox::Evidence::Runtime;
@@ -299,6 +309,7 @@ fn row<'a>(
         reason: reason.map(|r| r.as_str()),
         identity: l.evidence.as_str(),
         netns_verified: l.verified,
+        held_by: holder.map(|h| h.to_string()),
         attempts: gc.map_or(0, |g| g.attempts),
         last_error: gc.and_then(|g| g.last_error.as_deref()),
         next_attempt_at: gc.and_then(|g| g.next_attempt_at.as_deref()),
@@ -346,6 +357,8 @@ pub fn run(args: Args) -> Result<i32> {
         first: true,
     });
     let chains = Chains::default();
+    // Built only if a record of this boot shows no namespace at its path.
+    let node = sandbox::holders::NodeIndex::new();
     let scans = ledger.scan(
         crate::ledger::scan_jobs(),
         Scan::default,
@@ -361,7 +374,7 @@ pub fn run(args: Args) -> Result<i32> {
                     now,
                     left_after: args.chain_left_after,
                 };
-                let r = row(&rec, &boot, clock, &e.path, cri.as_ref(), chain);
+                let r = row(&rec, &boot, clock, &e.path, cri.as_ref(), chain, &node);
                 if args.json {
                     let pushed = serde_json::to_vec_pretty(&r)
                         .map_err(std::io::Error::from)
@@ -428,7 +441,7 @@ pub fn run(args: Args) -> Result<i32> {
             } else {
                 None
             };
-            let mut r = row(&rec, &boot, clock, &e.path, cri.as_ref(), chain);
+            let mut r = row(&rec, &boot, clock, &e.path, cri.as_ref(), chain, &node);
             r.chain_state = "retired";
             r.add_seconds = None;
             if args.json {

@@ -10,15 +10,16 @@ use super::{
 use crate::conflist;
 use crate::ledger::{Decoded, Key, KeyLock, Ledger, Record, Snapshot, Wait};
 use crate::libcni::cache::CachedAttachment;
+use crate::sandbox::holders::NodeIndex;
 use anyhow::Result;
 use serde_json::{Map, Value};
 use std::path::PathBuf;
 
 /// Where a candidate lives: a record, or a retired record (`retired/`, docs/CHAIN.md).
 #[derive(Clone, Copy)]
-struct At<'a> {
-    ledger: &'a Ledger,
-    retired: bool,
+pub(super) struct At<'a> {
+    pub(super) ledger: &'a Ledger,
+    pub(super) retired: bool,
 }
 
 impl At<'_> {
@@ -43,19 +44,19 @@ impl At<'_> {
     }
 }
 
-/// What became of `seen`, a record (or, `retired`, a retired record) the scan judged
-/// stale.
+/// What became of `seen`, a record (or, `at.retired`, a retired record) the scan judged
+/// stale. `node` is the run's index of the node's namespace holders, shared with the scan.
 pub(super) fn attempt(
-    ledger: &Ledger,
+    at: At<'_>,
     seen: &Record,
     judged: Judged,
-    retired: bool,
     boot: &str,
     now: i64,
     opts: &Options,
+    node: &NodeIndex,
 ) -> RecordReport {
-    let mut r = attempt_at(At { ledger, retired }, seen, judged, boot, now, opts);
-    r.retired = retired;
+    let mut r = attempt_at(at, seen, judged, boot, now, opts, node);
+    r.retired = at.retired;
     r
 }
 
@@ -66,6 +67,7 @@ fn attempt_at(
     boot: &str,
     now: i64,
     opts: &Options,
+    node: &NodeIndex,
 ) -> RecordReport {
     let key = seen.key();
     if let Decision::Skip(action) = decide(seen, judged.0, now, opts) {
@@ -75,7 +77,7 @@ fn attempt_at(
     let Some(lock) = try_lock(at.ledger, &key) else {
         return RecordReport::of(seen, judged, Action::Busy);
     };
-    match recheck(at, seen, boot, opts) {
+    match recheck(at, seen, boot, opts, node) {
         Recheck::Stale {
             rec,
             judged,
@@ -124,7 +126,7 @@ enum Recheck {
 }
 
 /// Judges again under the lock: what we scanned may have been replaced or removed.
-fn recheck(at: At<'_>, seen: &Record, boot: &str, opts: &Options) -> Recheck {
+fn recheck(at: At<'_>, seen: &Record, boot: &str, opts: &Options, node: &NodeIndex) -> Recheck {
     let key = seen.key();
     let rec = match at.read(&key.stem()) {
         Ok(Some(Decoded::Ok(rec))) if rec.add_id == seen.add_id => rec,
@@ -134,7 +136,7 @@ fn recheck(at: At<'_>, seen: &Record, boot: &str, opts: &Options) -> Recheck {
             return Recheck::Changed;
         }
     };
-    let l = judge(&rec, boot, opts);
+    let l = judge(&rec, boot, opts, node);
     match l.reason {
         Some(reason) => Recheck::Stale {
             rec,

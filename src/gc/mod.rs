@@ -14,11 +14,12 @@ pub use policy::{
     BACKOFF_MAX_SECS,
 };
 pub use report::{
-    failure_text, Action, ConfigSource, CriSummary, DamagedReport, NewerReport, RecordReport,
-    Report, Summary, UnreadableReport,
+    failure_text, Action, ConfigSource, CriSummary, DamagedReport, HeldReport, NewerReport,
+    RecordReport, Report, Summary, UnreadableReport,
 };
 
 use crate::ledger::{Damage, Damaged, Decoded, Entry, Ledger, Quarantine, Record};
+use crate::sandbox::holders::NodeIndex;
 use crate::sandbox::{self, Evidence, Reason};
 use anyhow::{Context, Result};
 use serde_json::Value;
@@ -157,7 +158,10 @@ pub fn run(opts: &Options) -> Result<Report> {
     ledger.check_trusted()?;
     let boot = sandbox::boot_id().context("reading the boot ID")?;
     let now = crate::time::now();
-    let (mut candidates, tallies) = scan(&ledger, &boot, opts, &mut report)?;
+    // One index of the node's namespace holders per run, built only if a record of this
+    // boot would otherwise be gone; scan and re-check under the lock share it.
+    let node = NodeIndex::new();
+    let (mut candidates, tallies) = scan(&ledger, &boot, opts, &node, &mut report)?;
     // A runtime whose list cannot be right judges nothing, here and under the lock.
     let unjudged;
     let mut opts = opts;
@@ -176,7 +180,7 @@ pub fn run(opts: &Options) -> Result<Report> {
     }
     // Snapshots the removed records referred to: the only ones a per-network gc may sweep.
     let mut released = HashSet::new();
-    for (i, r) in attempt_all(&ledger, &candidates, &boot, now, opts) {
+    for (i, r) in attempt_all(&ledger, &candidates, &boot, now, opts, &node) {
         report.summary.count(r.action);
         if r.action == Action::Replayed {
             released.extend(candidates[i].rec.snapshot.clone());
@@ -198,6 +202,8 @@ pub fn run(opts: &Options) -> Result<Report> {
 #[derive(Default)]
 struct Scan {
     live: usize,
+    /// Live records whose namespace only a holder elsewhere on the node showed.
+    held: Vec<HeldReport>,
     candidates: Vec<Candidate>,
     runtime: BTreeMap<String, RuntimeTally>,
     newer: Vec<NewerReport>,
@@ -206,17 +212,20 @@ struct Scan {
 }
 
 impl Scan {
-    fn visit(&mut self, entry: Entry, boot: &str, opts: &Options) {
+    fn visit(&mut self, entry: Entry, boot: &str, opts: &Options, node: &NodeIndex) {
         match entry.decoded {
             Decoded::Ok(rec) => {
                 if opts.network.as_ref().is_some_and(|n| *n != rec.network) {
                     return;
                 }
-                let (l, verdict) = policy::assess(&rec, boot, opts);
+                let (l, verdict, holder) = policy::assess(&rec, boot, opts, node);
                 if let (Some(v), true) = (verdict, l.verified) {
                     let t = self.runtime.entry(rec.network.clone()).or_default();
                     t.verified += 1;
                     t.absent += usize::from(v == crate::cri::Verdict::Absent);
+                }
+                if let (None, Some(h)) = (l.reason, holder) {
+                    self.held.push(HeldReport::of(&rec, &h));
                 }
                 match l.reason {
                     None => self.live += 1,
@@ -251,10 +260,11 @@ fn scan(
     ledger: &Ledger,
     boot: &str,
     opts: &Options,
+    node: &NodeIndex,
     report: &mut Report,
 ) -> Result<(Vec<Candidate>, BTreeMap<String, RuntimeTally>)> {
     let scans = ledger.scan(crate::ledger::scan_jobs(), Scan::default, |acc, entry| {
-        acc.visit(entry, boot, opts)
+        acc.visit(entry, boot, opts, node)
     })?;
     let mut candidates = Vec::new();
     let mut damaged = Vec::new();
@@ -266,6 +276,7 @@ fn scan(
             sum.absent += t.absent;
         }
         report.summary.live += scan.live;
+        report.held.extend(scan.held);
         candidates.extend(scan.candidates);
         report.newer.extend(scan.newer);
         damaged.extend(scan.damaged);
@@ -284,7 +295,7 @@ fn scan(
     for d in &damaged {
         report.damaged.push(damaged_report(ledger, d, opts.dry_run));
     }
-    scan_retired(ledger, boot, opts, report, &mut candidates)?;
+    scan_retired(ledger, boot, opts, node, report, &mut candidates)?;
     // By file, not in the scan workers' finishing order: the same ledger, the same report.
     report.damaged.sort_by(|a, b| a.file.cmp(&b.file));
     report.unreadable.sort_by(|a, b| a.file.cmp(&b.file));
@@ -292,6 +303,21 @@ fn scan(
     report.summary.newer = report.newer.len();
     for n in &report.newer {
         crate::info!("gc: {}: format {}: {}", n.file, n.format, n.reason);
+    }
+    report.held.sort_by(|a, b| {
+        (&a.network, &a.container_id, &a.ifname).cmp(&(&b.network, &b.container_id, &b.ifname))
+    });
+    // One line, not one per record: a runtime with private mounts makes every one of
+    // its pods such a record, on every run.
+    if let Some(first) = report.held.first() {
+        crate::info!(
+            "gc: {} record(s) live though their netns path shows no namespace from here: held elsewhere on the node (e.g. {}/{}/{}: {}); see the report's held",
+            report.held.len(),
+            first.network,
+            first.container_id,
+            first.ifname,
+            first.held_by
+        );
     }
     report.summary.damaged = report.damaged.len();
     report.summary.unreadable = report.unreadable.len();
@@ -318,6 +344,7 @@ fn scan_retired(
     ledger: &Ledger,
     boot: &str,
     opts: &Options,
+    node: &NodeIndex,
     report: &mut Report,
     candidates: &mut Vec<Candidate>,
 ) -> Result<()> {
@@ -345,7 +372,7 @@ fn scan_retired(
                     report.summary.live += 1;
                     continue;
                 }
-                let (l, _) = policy::assess(&rec, boot, opts);
+                let (l, _, _) = policy::assess(&rec, boot, opts, node);
                 match l.reason {
                     None => report.summary.live += 1,
                     Some(reason) => candidates.push(Candidate {
@@ -355,10 +382,10 @@ fn scan_retired(
                     }),
                 }
             }
-            Decoded::Newer(format) => report.damaged.push(DamagedReport {
+            Decoded::Newer(format) => report.newer.push(NewerReport {
                 file: entry.path.display().to_string(),
-                reason: format!("newer-format {format}: left for a newer cni-ledger"),
-                quarantined_to: None,
+                format,
+                reason: NewerReport::REASON,
             }),
             Decoded::Damaged(Damage { reason, detail }) => {
                 let d = Damaged {
@@ -423,6 +450,7 @@ fn attempt_all(
     boot: &str,
     now: i64,
     opts: &Options,
+    node: &NodeIndex,
 ) -> Vec<(usize, RecordReport)> {
     let next = AtomicUsize::new(0);
     let out_of_time = || opts.deadline.is_some_and(|d| Instant::now() >= d);
@@ -443,7 +471,18 @@ fn attempt_all(
             };
             done.push((
                 i,
-                attempt::attempt(ledger, &c.rec, c.judged, c.retired, boot, now, opts),
+                attempt::attempt(
+                    attempt::At {
+                        ledger,
+                        retired: c.retired,
+                    },
+                    &c.rec,
+                    c.judged,
+                    boot,
+                    now,
+                    opts,
+                    node,
+                ),
             ));
         }
         done

@@ -4,6 +4,7 @@
 use super::{Action, Options};
 use crate::cri::Verdict;
 use crate::ledger::Record;
+use crate::sandbox::holders::{Holder, NodeIndex};
 use crate::sandbox::{self, Evidence, Liveness, Reason};
 use std::collections::BTreeMap;
 
@@ -52,18 +53,25 @@ pub fn backoff_secs(attempts: u32) -> i64 {
 
 /// Rules 1–4 of "when is a sandbox gone" (docs/DESIGN.md) for one record. A record the
 /// valid list leaves out keeps `verified` from the namespace check: its replay may be
-/// given the namespace only when the cookie proved it is the recorded one.
-pub fn judge(rec: &Record, boot: &str, opts: &Options) -> Liveness {
-    assess(rec, boot, opts).0
+/// given the namespace only when the cookie proved it is the recorded one. `node` is the
+/// run's one index of who on the node holds which namespace (built only if needed).
+pub fn judge(rec: &Record, boot: &str, opts: &Options, node: &NodeIndex) -> Liveness {
+    assess(rec, boot, opts, node).0
 }
 
 /// `judge`, with the runtime's verdict on a record whose namespace check said live (None
 /// when no runtime judges it, or it is too young for a sandbox list to know it), so that
-/// the scan can tell whether the runtime's answer can be right at all.
-pub(super) fn assess(rec: &Record, boot: &str, opts: &Options) -> (Liveness, Option<Verdict>) {
-    let l = sandbox::liveness(&rec.boot_id, &rec.netns, rec.netns_id, boot);
+/// the scan can tell whether the runtime's answer can be right at all; and the holder
+/// elsewhere on the node that kept a record live whose path showed no namespace.
+pub(super) fn assess(
+    rec: &Record,
+    boot: &str,
+    opts: &Options,
+    node: &NodeIndex,
+) -> (Liveness, Option<Verdict>, Option<Holder>) {
+    let (l, holder) = sandbox::liveness_on_node(&rec.boot_id, &rec.netns, rec.netns_id, boot, node);
     if l.reason.is_some() {
-        return (l, None);
+        return (l, None, None);
     }
     match &opts.valid {
         Some(valid) if !valid.contains(&(rec.container_id.clone(), rec.ifname.clone())) => {
@@ -72,7 +80,7 @@ pub(super) fn assess(rec: &Record, boot: &str, opts: &Options) -> (Liveness, Opt
                 evidence: Evidence::ValidList,
                 verified: l.verified,
             };
-            return (l, None);
+            return (l, None, holder);
         }
         _ => {}
     }
@@ -88,9 +96,9 @@ pub(super) fn assess(rec: &Record, boot: &str, opts: &Options) -> (Liveness, Opt
             evidence: Evidence::Runtime,
             verified: l.verified,
         };
-        return (l, verdict);
+        return (l, verdict, holder);
     }
-    (l, verdict)
+    (l, verdict, holder)
 }
 
 /// Per network, the records whose namespace is verified live and that the runtime
@@ -239,12 +247,18 @@ mod tests {
         // The sample was made in the past on the wall clock: old enough for any min age
         // up to its real age.
         o.cri_min_age_secs = 60;
-        assert_eq!(judge(&rec, &boot, &o).reason, Some(Reason::NotInRuntime));
+        assert_eq!(
+            judge(&rec, &boot, &o, &NodeIndex::new()).reason,
+            Some(Reason::NotInRuntime)
+        );
         // Made now by the boot clock: however far the wall clock says it is, too young.
         rec.created_boot_secs = crate::time::since_boot();
-        assert_eq!(judge(&rec, &boot, &o).reason, None);
+        assert_eq!(judge(&rec, &boot, &o, &NodeIndex::new()).reason, None);
         o.cri_min_age_secs = 0;
-        assert_eq!(judge(&rec, &boot, &o).reason, Some(Reason::NotInRuntime));
+        assert_eq!(
+            judge(&rec, &boot, &o, &NodeIndex::new()).reason,
+            Some(Reason::NotInRuntime)
+        );
     }
 
     #[test]
@@ -269,14 +283,14 @@ mod tests {
         let mut live = rec.clone();
         live.netns = "/proc/self/ns/net".into();
         live.netns_id = None;
-        assert_eq!(judge(&live, &boot, &o).reason, None);
+        assert_eq!(judge(&live, &boot, &o, &NodeIndex::new()).reason, None);
         o.valid = Some(HashSet::from([("other".to_string(), "eth0".to_string())]));
-        let l = judge(&live, &boot, &o);
+        let l = judge(&live, &boot, &o, &NodeIndex::new());
         assert_eq!(l.reason, Some(Reason::NotValid));
         assert_eq!(l.evidence, Evidence::ValidList);
         // Not verified (no identity recorded): its replay gets no namespace.
         assert!(!l.verified);
         o.valid = Some(HashSet::from([("abc".to_string(), "eth0".to_string())]));
-        assert_eq!(judge(&live, &boot, &o).reason, None);
+        assert_eq!(judge(&live, &boot, &o, &NodeIndex::new()).reason, None);
     }
 }

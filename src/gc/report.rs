@@ -169,6 +169,31 @@ impl RecordReport {
     }
 }
 
+/// A live record whose path shows no namespace from here, kept live because a process
+/// or a mount elsewhere on the node holds the recorded namespace (DESIGN §5).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeldReport {
+    pub network: String,
+    pub container_id: String,
+    pub ifname: String,
+    pub netns: String,
+    /// "held by pid 1234", "mounted at /run/netns/x in the mount namespace of pid 99".
+    pub held_by: String,
+}
+
+impl HeldReport {
+    pub(super) fn of(rec: &Record, holder: &crate::sandbox::holders::Holder) -> Self {
+        HeldReport {
+            network: rec.network.clone(),
+            container_id: rec.container_id.clone(),
+            ifname: rec.ifname.clone(),
+            netns: rec.netns.clone(),
+            held_by: holder.to_string(),
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DamagedReport {
@@ -220,6 +245,10 @@ pub struct Report {
     /// Absent when there is none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub newer: Vec<NewerReport>,
+    /// Live records whose namespace only a holder elsewhere on the node showed; absent
+    /// when there are none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<HeldReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cri: Option<CriSummary>,
     /// Why the CRI runtime's list judged nothing this run, when its answer could not

@@ -5,6 +5,7 @@
 //! replayed DEL may be pointed at the namespace only when an identity the kernel never
 //! reuses within a boot says it is the recorded one (`Liveness::verified`).
 
+pub mod holders;
 pub mod identity;
 
 use serde::{Deserialize, Serialize};
@@ -165,6 +166,9 @@ pub enum Evidence {
     /// Neither the path nor the directory that would hold it can be seen from here: not
     /// the node's view, so no evidence (live, not verified).
     Unseen,
+    /// The path shows nothing or no namespace, but a process or a mount elsewhere on the
+    /// node holds the recorded namespace (`sandbox::holders`): live, not verified.
+    Held,
     /// The runtime's valid list does not name the attachment.
     ValidList,
     /// The CRI runtime has no such pod sandbox.
@@ -182,6 +186,7 @@ impl Evidence {
             Evidence::Cookie => "cookie",
             Evidence::Unreadable => "unreadable",
             Evidence::Unseen => "unseen",
+            Evidence::Held => "held",
             Evidence::ValidList => "valid-list",
             Evidence::Runtime => "runtime",
         }
@@ -293,6 +298,28 @@ pub fn liveness(
     }
 }
 
+/// `liveness`, and for a record of this boot whose path shows nothing or no namespace
+/// (rules 2 and 3), a search of the node for the recorded namespace first: a process or
+/// a mount in another mount namespace (a runtime with private mounts) that holds it
+/// makes it live, with the holder to show (DESIGN §5).
+pub fn liveness_on_node(
+    record_boot: &str,
+    netns: &str,
+    recorded: Option<NsId>,
+    current_boot: &str,
+    node: &holders::NodeIndex,
+) -> (Liveness, Option<holders::Holder>) {
+    let l = liveness(record_boot, netns, recorded, current_boot);
+    let (Some(Reason::NetnsMissing | Reason::NetnsNotNamespace), Some(id)) = (l.reason, recorded)
+    else {
+        return (l, None);
+    };
+    match node.find(&id) {
+        Some(holder) => (Liveness::live(Evidence::Held), Some(holder)),
+        None => (l, None),
+    }
+}
+
 /// Nothing at `netns`: gone only if we can see where it would be. A path is the node's
 /// (the runtime named it in the node's mount namespace); from a view that lacks its
 /// directory (a container without the node's root, a `/var/run` that is not there) its
@@ -360,8 +387,8 @@ mod tests {
         }
         use Evidence::*;
         for e in [
-            BootId, Path, Filesystem, DevIno, PidStart, Cookie, Unreadable, Unseen, ValidList,
-            Runtime,
+            BootId, Path, Filesystem, DevIno, PidStart, Cookie, Unreadable, Unseen, Held,
+            ValidList, Runtime,
         ] {
             assert_eq!(serde_json::to_value(e).unwrap(), e.as_str());
         }
