@@ -3,7 +3,7 @@
 //! root and no network: it reads three files and lists directories.
 //!
 //! The rules, one per test below:
-//! - Every path a map names in backticks exists. A path is a backticked token whose first
+//! - Every path these files name in backticks exists. A path is a backticked token whose first
 //!   segment is a top-level entry of the repository (`src/gc/`, `scripts/test.sh`);
 //!   `target/` (made by scripts/test.sh), absolute paths and patterns (`<platform>`, `*`)
 //!   are not paths of the tree. In a table row whose first cell is a folder, a bare file
@@ -11,7 +11,8 @@
 //! - Every file is named: by its own path, or by a folder holding it (`src/gc/` names
 //!   src/gc/*: each module's first lines say what it owns). docs/README.md so covers
 //!   src/; tests/README.md names every test binary (`tests/<name>.rs`) in its tiers table
-//!   and every folder of tests/ in its harness list. A harness folder whose files the list
+//!   (and only binaries there and among the fetched tools' users) and every folder of
+//!   tests/ in its harness list. A harness folder whose files the list
 //!   names one by one (tests/common/) must name all of them.
 //! - What the harness list says is in a file is there: a backticked Rust name (`Netns`,
 //!   `driver()`, `require_root!()`) under a file's entry is an item defined in that file;
@@ -191,13 +192,14 @@ fn defines(src: &str, name: &str) -> bool {
 #[test]
 fn docs_readme_names_existing_paths_and_every_source_file() {
     let doc = read("docs/README.md");
-    let sec = section(&doc, "### Where things are");
-    let tokens = ticks(&sec);
-    let missing = missing_paths(&tokens);
+    let lines: Vec<&str> = doc.lines().collect();
+    let missing = missing_paths(&ticks(&lines));
     assert!(
         missing.is_empty(),
         "docs/README.md names paths that do not exist: {missing:?}"
     );
+    let sec = section(&doc, "### Where things are");
+    let tokens = ticks(&sec);
     // Bare names in a folder's row are inside that folder.
     for line in &sec {
         let Some(row) = cells(line) else { continue };
@@ -298,6 +300,18 @@ fn tests_readme_names_existing_paths_and_every_test_binary() {
             name.strip_suffix(".rs").map(str::to_string)
         })
         .collect();
+    // The tools table's users are test binaries too.
+    for line in section(&doc, "## Where fetched tools live") {
+        let Some(row) = cells(line) else { continue };
+        for t in ticked(row.last().unwrap()) {
+            if rust_name(&t) == Some(t.as_str()) {
+                assert!(
+                    binaries.contains(&t),
+                    "tests/README.md's tools table names `{t}`, but there is no tests/{t}.rs"
+                );
+            }
+        }
+    }
     let untiered: Vec<&String> = binaries.difference(&tiers).collect();
     assert!(
         untiered.is_empty(),
