@@ -765,6 +765,7 @@ fn power_cut_and_reboot_in_a_vm() {
 /// checks (the VM test then runs them for real).
 #[test]
 fn units_pass_systemd_analyze_verify() {
+    common::require_root!();
     let dir = run_dir("vm-units");
     let bin = common::ledger_bin();
     for unit in ["cni-ledger-gc.service", "cni-ledger-gc.timer"] {

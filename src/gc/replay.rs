@@ -422,15 +422,28 @@ mod tests {
 
     #[test]
     fn only_bare_names_are_executed() {
-        let dirs = [PathBuf::from("/bin"), PathBuf::from("/usr/bin")];
-        for bad in ["", ".", "..", "../../bin/sh", "/bin/sh", "a/b"] {
+        // A plugin dir of the test's own, not the machine's /bin.
+        let root = std::env::temp_dir().join(format!("cl-replay-bare-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let bin = root.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::write(bin.join("p"), b"#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(bin.join("p"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let dirs = [bin.clone()];
+        for bad in ["", ".", "..", "../bin/p", "/bin/p", "bin/p"] {
             assert!(find_plugin(bad, &dirs).is_err(), "{bad}");
         }
-        assert!(find_plugin("sh", &dirs).is_ok());
+        assert_eq!(find_plugin("p", &dirs).unwrap(), bin.join("p"));
+        // The same dir spelled relative to the working directory is not searched.
+        let cwd = std::env::current_dir().unwrap();
+        let up = "../".repeat(cwd.components().count() - 1);
+        let relative = PathBuf::from(up).join(bin.strip_prefix("/").unwrap());
+        assert!(relative.is_relative() && relative.join("p").is_file());
         assert!(
-            find_plugin("sh", &[PathBuf::from("bin")]).is_err(),
+            find_plugin("p", &[relative]).is_err(),
             "relative dirs are ignored"
         );
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

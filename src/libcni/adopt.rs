@@ -600,7 +600,10 @@ mod tests {
         let _ = std::fs::remove_dir_all(&root);
         let ledger = Ledger::open_for_write(&root).unwrap();
         // The entry as listed, then released by a gc before adopt took the key.
-        let e = entry("", 100);
+        // The cache entry's path is in the temp dir too: the node's /var/lib/cni is not
+        // the test's to look at (nor always readable by whoever runs it).
+        let mut e = entry("", 100);
+        e.path = root.join("results").join("pods-abc-eth0");
         let key = Key::new(&e.network, &e.container_id, &e.ifname);
         let rec = record_for(&e, "b", 100, "/opt/cni/bin");
         assert!(!e.path.exists());
