@@ -122,22 +122,48 @@ impl NodeIndex {
 
     /// Whether the recorded namespace is alive somewhere on the node: the holder that
     /// shows it, or None when no holder has its device and inode, or every one that has
-    /// them is provably another namespace (another cookie).
+    /// them is provably another namespace (another cookie) or no longer there.
     pub fn find(&self, id: &NsId) -> Option<Holder> {
         let main = self.main.get_or_init(|| build_main(&self.proc));
-        if let Some(h) = self.confirm_any(main, id) {
-            return Some(h);
+        let (found, mut vanished) = self.confirm_any(main, id);
+        if found.is_some() {
+            return found;
         }
         let threads = self.threads.get_or_init(|| build_threads(&self.proc));
-        self.confirm_any(threads, id)
+        let (found, gone) = self.confirm_any(threads, id);
+        if found.is_some() {
+            return found;
+        }
+        vanished |= gone;
+        if !vanished {
+            return None;
+        }
+        // A holder seen in the index has exited or let go since. nsfs inode numbers are
+        // reused (lowest free first), so a short-lived process in a namespace that now has
+        // the recorded one's inode proves nothing once it is gone; but the recorded
+        // namespace may also have moved to a holder the index never saw. Look once more,
+        // afresh: what holds it now is found, and a holder gone again holds nothing.
+        [build_main(&self.proc), build_threads(&self.proc)]
+            .iter()
+            .find_map(|fresh| self.confirm_any(fresh, id).0)
     }
 
-    fn confirm_any(&self, index: &Index, id: &NsId) -> Option<Holder> {
-        let holders = index.holders.get(&(id.dev, id.ino))?;
-        holders
-            .iter()
-            .find(|h| confirm(&h.path(&self.proc), id) != Confirm::Other)
-            .cloned()
+    /// The first holder with the recorded device and inode that is the recorded namespace
+    /// or cannot be told apart from it, and whether any such holder had gone by the time
+    /// it was looked at.
+    fn confirm_any(&self, index: &Index, id: &NsId) -> (Option<Holder>, bool) {
+        let Some(holders) = index.holders.get(&(id.dev, id.ino)) else {
+            return (None, false);
+        };
+        let mut vanished = false;
+        for h in holders {
+            match confirm(&h.path(&self.proc), id) {
+                Confirm::Same | Confirm::Unsure => return (Some(h.clone()), vanished),
+                Confirm::Gone => vanished = true,
+                Confirm::Other => {}
+            }
+        }
+        (None, vanished)
     }
 }
 
@@ -150,16 +176,26 @@ enum Confirm {
     Unsure,
     /// Provably another namespace: the cookie read through the path is another.
     Other,
+    /// The holder no longer shows that namespace: its process exited, or the path now
+    /// shows something else. It holds nothing now.
+    Gone,
 }
 
 fn confirm(path: &Path, id: &NsId) -> Confirm {
     let same = |m: &std::fs::Metadata| m.dev() == id.dev && m.ino() == id.ino;
     // stat before open: what the path shows now is opened only if it still is the
     // nsfs file seen in the index (nothing else, a device node say, is ever opened).
-    // Something else there now (a race with the holder) proves nothing: unsure.
+    // Nothing or something else there now: the holder let go (the caller looks again).
     match std::fs::metadata(path) {
         Ok(m) if same(&m) => {}
-        _ => return Confirm::Unsure,
+        Ok(_) => return Confirm::Gone,
+        Err(e)
+            if e.kind() == io::ErrorKind::NotFound
+                || e.raw_os_error() == Some(nix::libc::ESRCH) =>
+        {
+            return Confirm::Gone
+        }
+        Err(_) => return Confirm::Unsure,
     }
     let Some(cookie) = id.cookie else {
         return Confirm::Unsure;
@@ -412,6 +448,40 @@ mod tests {
                 tid
             })
         );
+    }
+
+    /// A holder the index saw that has since exited holds nothing: nsfs inodes are
+    /// reused, so a short-lived process in a namespace with the recorded one's inode
+    /// must not keep a gone sandbox live. Needs root (unshare).
+    #[test]
+    fn a_holder_gone_since_the_index_holds_nothing() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let mut child = std::process::Command::new("unshare")
+            .args(["-n", "sleep", "30"])
+            .spawn()
+            .unwrap();
+        let ns = format!("/proc/{}/ns/net", child.id());
+        // unshare execs sleep after it has entered the new namespace.
+        let id = loop {
+            let super::super::Probe::Namespace(id) = super::super::probe(&ns) else {
+                panic!("{ns} is not nsfs");
+            };
+            if id.ino != own().ino {
+                break id;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        let index = NodeIndex::new();
+        // Built while the child holds it.
+        assert!(matches!(index.find(&id), Some(Holder::Process { .. })));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // Same index, holder gone, namespace freed: found nowhere, even with no cookie
+        // to tell it apart.
+        assert_eq!(index.find(&id), None);
+        assert_eq!(index.find(&NsId { cookie: None, ..id }), None);
     }
 
     #[test]
