@@ -176,6 +176,26 @@ impl Prometheus {
             .collect()
     }
 
+    /// The annotations of each firing alert, as Prometheus rendered their templates.
+    fn firing_annotations(&self) -> Vec<(String, String, String)> {
+        self.api("/api/v1/alerts", None)["alerts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["state"] == "firing")
+            .flat_map(|a| {
+                let name = a["labels"]["alertname"].as_str().unwrap_or("").to_string();
+                let inst = a["labels"]["instance"].as_str().unwrap_or("").to_string();
+                a["annotations"]
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(move |(k, v)| (name.clone(), inst.clone(), format!("{k}: {v}")))
+            })
+            .collect()
+    }
+
     /// The instant vector of `expr` now.
     fn query(&self, expr: &str) -> Vec<Value> {
         self.api("/api/v1/query", Some(expr))["result"]
@@ -602,6 +622,15 @@ fn each_fault_fires_its_alert_on_its_node_only_and_the_dashboard_has_data() {
     }
     for ((a, i), t) in &fired_at {
         eprintln!("FIGURE {a} on {} firing after {t:?}", role[i]);
+    }
+    // A label the summary or description names but the series lacks renders as
+    // "<no value>"; a template error as "error expanding".
+    for (a, i, text) in prom.firing_annotations() {
+        assert!(
+            !text.contains("<no value>") && !text.contains("error expanding"),
+            "{a} on {}: {text}",
+            role.get(&i).unwrap_or(&"?")
+        );
     }
     let healthy = &nodes[0].instance();
     assert!(
