@@ -1,4 +1,4 @@
-//! The shipped alerts on real agents: seven `cni-ledger agent` processes, six with one
+//! The shipped alerts on real agents: eight `cni-ledger agent` processes, seven with one
 //! fault each and one healthy, scraped by a real Prometheus (Debian's) that evaluates
 //! `deploy/prometheus/cni-ledger-rules.yaml`. Each fault's alert must fire on exactly its
 //! agent's `instance`, nothing may fire on the healthy one, and every query of
@@ -345,6 +345,12 @@ esac
 exit 0
 "#;
 
+/// cl-probe (its ADD passes prevResult on), 6 seconds late on ADD.
+const SLOW_ADD: &str = r#"#!/bin/sh
+[ "$CNI_COMMAND" = ADD ] && sleep 6
+exec "$(dirname "$0")/cl-probe"
+"#;
+
 /// `[bridge+host-local]` after the ledger, no portmap.
 fn bridge_only() -> ChainSpec {
     ChainSpec {
@@ -534,6 +540,21 @@ fn each_fault_fires_its_alert_on_its_node_only_and_the_dashboard_has_data() {
     held.push(ns);
     nodes.push(n);
 
+    // A slow chain: a plugin that takes 6 s on ADD (the alert's p99 bound is 5 s). Its
+    // ADD runs once Prometheus scrapes, so that the histogram's rate sees it.
+    let mut f = Fixture::with_spec(ChainSpec::ledger_only());
+    let probe = f.bin_dir.join("cl-probe");
+    fs::copy(repo_file("testdata/plugins/cl-probe"), &probe).unwrap();
+    set_mode(&probe, 0o755);
+    install_plugin(&f, "cl-slow", SLOW_ADD);
+    f.spec.extra = vec![json!({"type": "cl-slow"})];
+    let spec = f.spec.clone();
+    f.write_conflist(&f.conflist(&spec));
+    let mut n = Node::new("add-slow", Some("CniLedgerChainAddSlow"), f);
+    n.start(&[]);
+    n.wait_injected();
+    nodes.push(n);
+
     let role: BTreeMap<String, &str> = nodes.iter().map(|n| (n.instance(), n.role)).collect();
     let targets: Vec<String> = role.keys().cloned().collect();
     let mut expected: BTreeSet<(String, String)> = BTreeSet::new();
@@ -565,6 +586,14 @@ fn each_fault_fires_its_alert_on_its_node_only_and_the_dashboard_has_data() {
         .collect();
     assert_eq!(loaded, shipped, "{}", prom.log_text());
     eprintln!("FIGURE set-up: {:?}", t_start.elapsed());
+    let slow_ns = Netns::new();
+    let slow = nodes.iter().find(|n| n.role == "add-slow").unwrap();
+    let mut slow_add = slow
+        .f
+        .driver_cmd("add", "slow", "eth0", Some(&slow_ns.path_str()), None)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
 
     let named = |set: &BTreeSet<(String, String)>| -> Vec<String> {
         set.iter()
@@ -623,6 +652,7 @@ fn each_fault_fires_its_alert_on_its_node_only_and_the_dashboard_has_data() {
     for ((a, i), t) in &fired_at {
         eprintln!("FIGURE {a} on {} firing after {t:?}", role[i]);
     }
+    assert!(slow_add.wait().unwrap().success(), "the slow ADD failed");
     // A label the summary or description names but the series lacks renders as
     // "<no value>"; a template error as "error expanding".
     for (a, i, text) in prom.firing_annotations() {
