@@ -408,8 +408,8 @@ fn through_libcni_the_add_histogram_brackets_a_plugins_sleep() {
                 "cni_ledger_chain_adds_total{{network=\"{net}\",result=\"failed-torn-down\"}}"
             )
         ),
-        None,
-        "a completed ADD's DEL is no failure: {m}"
+        Some(0.0),
+        "a completed ADD's DEL is no failure (the series is at zero since the injection): {m}"
     );
 }
 
@@ -445,7 +445,8 @@ fn through_libcni_a_failed_add_is_torn_down_with_its_del_and_left_without() {
         Some(1.0),
         "counted once: {m}"
     );
-    assert_eq!(sample(&m, &series("ok")), None, "{m}");
+    // At zero from the injection on (a rate must see the first ADD), and no more.
+    assert_eq!(sample(&m, &series("ok")), Some(0.0), "{m}");
     assert_eq!(sample(&m, &series("failed-torn-down")), Some(1.0), "{m}");
     // Its late DEL is not counted again as torn down.
     f.del("c-left", "eth0", Some(&left_ns.path_str()), None)

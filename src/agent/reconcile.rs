@@ -143,6 +143,11 @@ impl<'a> Reconciler<'a> {
             let done = self.conflists.one(path, now);
             pass.wrote |= done.wrote;
             if done.injected {
+                // With a tail, the chain's series exist from here on (a rate must see
+                // the first ADD).
+                if let (Some(net), false) = (&done.network, self.opts.no_tail) {
+                    self.shared.metrics.zero_chain_series(net);
+                }
                 pass.injected_networks.extend(done.network.clone());
             }
             pass.networks.extend(done.network);

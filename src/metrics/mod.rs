@@ -336,6 +336,19 @@ impl Metrics {
         }
     }
 
+    /// The chain's series of `network` at zero, for a chain the agent keeps with a tail:
+    /// a series born with its first observation shows Prometheus no increase, so
+    /// `rate()` (CniLedgerChainAddSlow, the dashboard's rows) would miss that ADD.
+    pub fn zero_chain_series(&self, network: &str) {
+        self.chain_add_duration.with_label_values(&[network]);
+        self.chain_del_duration.with_label_values(&[network]);
+        for result in [CHAIN_OK, CHAIN_FAILED_TORN_DOWN, CHAIN_FAILED_LEFT] {
+            self.chain_adds
+                .with_label_values(&[network, result])
+                .inc_by(0);
+        }
+    }
+
     /// Records of chains with a tail left behind now (gc --metrics-file; the agent's
     /// watcher sets the same gauge from what it remembers).
     pub fn observe_failed_left(&self, ledger: &Ledger, left_after_secs: u64) {
@@ -536,6 +549,29 @@ mod tests {
         assert!(m2
             .encode()
             .contains("# TYPE cni_ledger_replays_total counter"));
+    }
+
+    #[test]
+    fn a_kept_chains_series_start_at_zero_so_a_rate_sees_its_first_add() {
+        let m = Metrics::new();
+        m.zero_chain_series("net1");
+        let text = m.encode();
+        for series in [
+            "cni_ledger_chain_add_duration_seconds_count{network=\"net1\"} 0",
+            "cni_ledger_chain_add_duration_seconds_bucket{network=\"net1\",le=\"5\"} 0",
+            "cni_ledger_chain_del_duration_seconds_count{network=\"net1\"} 0",
+            "cni_ledger_chain_adds_total{network=\"net1\",result=\"ok\"} 0",
+            "cni_ledger_chain_adds_total{network=\"net1\",result=\"failed-left\"} 0",
+            "cni_ledger_chain_adds_total{network=\"net1\",result=\"failed-torn-down\"} 0",
+        ] {
+            assert!(text.contains(series), "{series}:\n{text}");
+        }
+        // Again (every reconcile pass) changes nothing observed since.
+        m.chain_adds.with_label_values(&["net1", CHAIN_OK]).inc();
+        m.zero_chain_series("net1");
+        assert!(m
+            .encode()
+            .contains("cni_ledger_chain_adds_total{network=\"net1\",result=\"ok\"} 1"));
     }
 
     #[test]
