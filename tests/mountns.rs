@@ -12,7 +12,9 @@
 //! - (a) `pa`: the path is missing (its directory is a tmpfs only the stand-in has);
 //! - (b) `pb`: the path is an empty regular file (the bind mount's target, seen without
 //!   the mount);
-//! - (c) `pc`: missing too, and no process in it at all: only the pin holds it.
+//! - (c) `pc`: missing too, and no process in it at all: only the pin holds it;
+//! - (d) `pd`: another namespace, the host's own mount at the same path (netns-replaced
+//!   by device and inode), under the stand-in's pin of the pod.
 //!
 //! Needs root.
 //!
@@ -40,10 +42,13 @@ touch "$1/pa" "$1/pc"
 unshare --net="$1/pa" true
 unshare --net="$2/pb" true
 unshare --net="$1/pc" true
+unshare --net="$2/pd" true
 nsenter --net="$1/pa" sleep 1000 </dev/null >/dev/null 2>&1 &
 echo $! > "$3.pa"
 nsenter --net="$2/pb" sleep 1000 </dev/null >/dev/null 2>&1 &
 echo $! > "$3.pb"
+nsenter --net="$2/pd" sleep 1000 </dev/null >/dev/null 2>&1 &
+echo $! > "$3.pd"
 touch "$3"
 exec sleep 1000
 "#;
@@ -95,7 +100,7 @@ impl StandIn {
             assert!(Instant::now() < deadline, "the stand-in never got ready");
             std::thread::sleep(Duration::from_millis(5));
         }
-        for pod in ["pa", "pb"] {
+        for pod in ["pa", "pb", "pd"] {
             let f = format!("{}.{pod}", ready.display());
             s.pods
                 .push(fs::read_to_string(&f).unwrap().trim().parse().unwrap());
@@ -139,6 +144,29 @@ impl Drop for StandIn {
     }
 }
 
+/// The host's own namespace mounted at `path` (as `ip netns add` would), unmounted on
+/// drop: what the host's view of a path shows while a runtime pins another there.
+struct HostMount(std::path::PathBuf);
+
+impl HostMount {
+    fn new(path: &Path) -> HostMount {
+        fs::write(path, b"").unwrap();
+        let out = Command::new("unshare")
+            .arg(format!("--net={}", path.display()))
+            .arg("true")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "unshare --net: {}", describe(&out));
+        HostMount(path.to_path_buf())
+    }
+}
+
+impl Drop for HostMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).output();
+    }
+}
+
 /// Waits until no process has `pid` any more (killed orphans are reaped by init).
 fn wait_gone(pid: u32) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -174,6 +202,8 @@ fn namespaces_pinned_in_a_runtimes_own_mount_namespace_are_live() {
     fs::create_dir_all(&shared).unwrap();
     // (b): the host sees this empty file; the stand-in mounts the namespace over it.
     fs::write(shared.join("pb"), b"").unwrap();
+    // (d): the host's path holds a namespace of its own; the stand-in pins the pod over it.
+    let decoy = HostMount::new(&shared.join("pd"));
     let ready = f.tmp.path().join("stand-in-ready");
     let mut s = StandIn::start(&private, &shared, &ready);
 
@@ -181,6 +211,7 @@ fn namespaces_pinned_in_a_runtimes_own_mount_namespace_are_live() {
         ("cid-a", private.join("pa")),
         ("cid-b", shared.join("pb")),
         ("cid-c", private.join("pc")),
+        ("cid-d", shared.join("pd")),
     ]
     .into_iter()
     .map(|(cid, p)| (cid.to_string(), p.display().to_string()))
@@ -202,13 +233,22 @@ fn namespaces_pinned_in_a_runtimes_own_mount_namespace_are_live() {
     let leases = f.ipam_addresses();
     assert_eq!(
         (records.len(), leases.len()),
-        (3, 3),
+        (4, 4),
         "{records:?} {leases:?}"
+    );
+    // (d): the host's view is a namespace, not the pod's.
+    let host_view = fs::metadata(shared.join("pd")).unwrap();
+    let pod_ns = fs::metadata(format!("/proc/{}/ns/net", s.pods[2])).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_ne!(
+        host_view.ino(),
+        pod_ns.ino(),
+        "the decoy is the pod's namespace"
     );
 
     let (out, report) = f.gc(&["--grace", "0"]);
     let report = report.unwrap_or_else(|| panic!("gc printed no JSON: {}", describe(&out)));
-    assert_eq!(report["summary"]["live"], json!(3), "{report:#}");
+    assert_eq!(report["summary"]["live"], json!(4), "{report:#}");
     assert_eq!(report["summary"]["stale"], json!(0), "{report:#}");
     assert_eq!(f.record_files(), records, "gc removed a live record");
     assert_eq!(f.ipam_addresses(), leases, "gc freed a live pod's address");
@@ -284,8 +324,10 @@ fn namespaces_pinned_in_a_runtimes_own_mount_namespace_are_live() {
     }
     let (out, report) = f.gc(&["--grace", "0"]);
     let report = report.unwrap_or_else(|| panic!("gc printed no JSON: {}", describe(&out)));
-    assert_eq!(report["summary"]["replayed"], json!(3), "{report:#}");
+    assert_eq!(report["summary"]["replayed"], json!(4), "{report:#}");
     assert!(report.get("held").is_none(), "{report:#}");
     assert_eq!(f.record_files(), Vec::<String>::new());
     assert_eq!(f.ipam_addresses(), Vec::<String>::new());
+    drop(decoy);
 }
+
