@@ -16,6 +16,9 @@
 //! - (d) `pd`: another namespace, the host's own mount at the same path (netns-replaced
 //!   by device and inode), under the stand-in's pin of the pod.
 //!
+//! And `cni-ledger adopt` from the host over a libcni cache entry of such a pod (made
+//! with the ledger out of the chain) records the identity the pin shows, so gc keeps it.
+//!
 //! Needs root.
 //!
 //!     cargo test --features testing --test mountns
@@ -331,3 +334,94 @@ fn namespaces_pinned_in_a_runtimes_own_mount_namespace_are_live() {
     drop(decoy);
 }
 
+/// `cni-ledger adopt` from the host over a libcni cache entry of a pod the stand-in pins
+/// where the host sees nothing (made with the ledger out of the chain): the record takes
+/// the identity the pin shows, is reported live, and gc keeps the pod's address; once the
+/// stand-in is gone, gc releases it.
+#[test]
+fn adopt_finds_a_pod_pinned_in_a_runtimes_own_mount_namespace() {
+    require_root!();
+    let mut f = Fixture::with_spec(ChainSpec {
+        portmap: false,
+        ..ChainSpec::full()
+    });
+    let private = f.tmp.path().join("runtime-netns");
+    let shared = f.tmp.path().join("runtime-files");
+    fs::create_dir_all(&private).unwrap();
+    fs::create_dir_all(&shared).unwrap();
+    fs::write(shared.join("pb"), b"").unwrap();
+    fs::write(shared.join("pd"), b"").unwrap();
+    let ready = f.tmp.path().join("stand-in-ready");
+    let mut s = StandIn::start(&private, &shared, &ready);
+
+    // The ledger out of the chain: libcni's cache is the only trace of the ADD.
+    let without = json!({
+        "cniVersion": "1.0.0",
+        "name": f.network,
+        "plugins": [f.bridge_entry()],
+    });
+    f.write_conflist(&without);
+    let netns = private.join("pa").display().to_string();
+    let out = s
+        .inside(&f.driver_cmd("add", "cid-adopt", "eth0", Some(&netns), None))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "ADD: {}", describe(&out));
+    let addr = eth0_addr(&s, &netns).expect("no eth0 after ADD");
+    assert!(
+        f.record_files().is_empty(),
+        "the ledger was not in the chain"
+    );
+    // libcni 1.1 caches no netns; 1.2 and later do, as here.
+    let cache = f.cache_result_path("cid-adopt", "eth0");
+    let mut entry: Value = serde_json::from_slice(&fs::read(&cache).unwrap()).unwrap();
+    entry["netns"] = json!(netns);
+    fs::write(&cache, serde_json::to_vec(&entry).unwrap()).unwrap();
+    // Adoption takes networks whose chain holds the ledger: put it back.
+    let spec = f.spec.clone();
+    f.write_conflist(&f.conflist(&spec));
+
+    let cache_dir = f.cache_dir.display().to_string();
+    let conf_dir = f.conf_dir.display().to_string();
+    let cni_path = f.cni_path();
+    let out = f
+        .ledger_cmd(&[
+            "adopt",
+            "--json",
+            "--cni-cache-dir",
+            &cache_dir,
+            "--conf-dir",
+            &conf_dir,
+            "--cni-path",
+            &cni_path,
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "adopt: {}", describe(&out));
+    let rep: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let adopted = &rep["adopted"][0];
+    assert_eq!(adopted["containerId"], json!("cid-adopt"), "{rep:#}");
+    assert_eq!(adopted["state"], json!("live"), "{rep:#}");
+    let leases = f.ipam_addresses();
+    assert_eq!(leases.len(), 1, "{leases:?}");
+
+    let (out, report) = f.gc(&["--grace", "0"]);
+    let report = report.unwrap_or_else(|| panic!("gc printed no JSON: {}", describe(&out)));
+    assert_eq!(report["summary"]["live"], json!(1), "{report:#}");
+    assert_eq!(f.record_files().len(), 1, "gc removed the adopted record");
+    assert_eq!(f.ipam_addresses(), leases, "gc freed the pod's address");
+    assert_eq!(eth0_addr(&s, &netns), Some(addr), "eth0 gone after gc");
+    let row = f.list_row("cid-adopt", "eth0").unwrap();
+    assert_eq!(row["identity"], json!("held"), "{row:#}");
+
+    // The control: the stand-in and its pin gone, the adopted record is released.
+    let pids: Vec<u32> = s.pods.clone();
+    s.stop();
+    for pid in pids {
+        wait_gone(pid);
+    }
+    let (out, report) = f.gc(&["--grace", "0"]);
+    let report = report.unwrap_or_else(|| panic!("gc printed no JSON: {}", describe(&out)));
+    assert_eq!(report["summary"]["replayed"], json!(1), "{report:#}");
+    assert_eq!(f.ipam_addresses(), Vec::<String>::new());
+}
