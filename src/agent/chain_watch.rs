@@ -11,8 +11,9 @@
 //!   replay); if the tail noted DEL's start (`chain.delBeganBootNs`), the time from then
 //!   to now is observed in `cni_ledger_chain_del_duration_seconds`; a record retired
 //!   instead (to `retired/`: a DEL or GC while its ADD was in the chain) is held aside,
-//!   taken back when its tail restores it and counted torn down only once it is gone
-//!   from `retired/` too (the periodic pass);
+//!   taken back when its tail restores it, and counted torn down only once its ADD can
+//!   no longer complete (older than `--chain-left-after`) or gc has dropped it (the
+//!   periodic pass);
 //! - a periodic pass over what the watcher remembers (no file read) classifies records
 //!   with `tail: true`, never completed, no DEL begun and older than `--chain-left-after`
 //!   as `failed-left`: counted once each, and their number now in
@@ -116,7 +117,7 @@ impl<'a> Tracker<'a> {
                 self.known.entry(stem.clone()).or_insert(k);
             } else {
                 // A new ADD of the key: the retired one's record is gone for good.
-                self.torn_down(&k, None);
+                self.torn_down(&k);
             }
         }
         let prev = self.known.get(&stem);
@@ -150,13 +151,15 @@ impl<'a> Tracker<'a> {
         let Some(k) = self.known.remove(stem) else {
             return;
         };
+        // The DEL (or GC) is over either way: its time is known now.
+        self.del_ended(&k.view, at_boot_ns);
         // Retired, not removed (or already restored by the time this event is read):
-        // its ADD may still complete, so nothing is counted yet.
+        // its ADD may still complete, so its outcome waits (`take`, `sweep`).
         if self.is_retired(stem) || self.ledger.has_record_file(stem) {
             self.retired.insert(stem.to_string(), k);
             return;
         }
-        self.torn_down(&k, at_boot_ns);
+        self.torn_down(&k);
     }
 
     fn is_retired(&self, stem: &str) -> bool {
@@ -164,19 +167,23 @@ impl<'a> Tracker<'a> {
     }
 
     /// A record of a chain with a tail that went away: counted torn down unless it
-    /// completed or was counted left; its DEL timed when both ends are known.
-    fn torn_down(&self, k: &Known, at_boot_ns: Option<u64>) {
+    /// completed or was counted left.
+    fn torn_down(&self, k: &Known) {
         let v = &k.view;
-        if !v.tail {
-            return;
-        }
-        let net = [v.network.as_str()];
-        if !v.completed() && !k.counted_left {
+        if v.tail && !v.completed() && !k.counted_left {
             self.metrics
                 .chain_adds
                 .with_label_values(&[v.network.as_str(), CHAIN_FAILED_TORN_DOWN])
                 .inc();
         }
+    }
+
+    /// A DEL's end, timed when both ends are known.
+    fn del_ended(&self, v: &View, at_boot_ns: Option<u64>) {
+        if !v.tail {
+            return;
+        }
+        let net = [v.network.as_str()];
         if let (Some(began), Some(at)) = (v.del_began_boot_ns(), at_boot_ns) {
             if let Some(ns) = at.checked_sub(began) {
                 self.metrics
@@ -190,16 +197,24 @@ impl<'a> Tracker<'a> {
     /// The failed-left pass over what is remembered: counts each record once and sets
     /// the number left behind now, per network.
     pub fn sweep(&mut self, now: &Now) {
-        // Retired records gc has since replayed and dropped (one stat each: few ever are).
-        let dropped: Vec<String> = self
+        // Retired records whose ADD can no longer complete (too old, as gc and DEL judge
+        // it), or that gc has replayed and dropped: torn down after all. One restored
+        // meanwhile waits for its event (`take`). One stat each: few are ever retired.
+        let over: Vec<String> = self
             .retired
-            .keys()
-            .filter(|s| !self.is_retired(s) && !self.ledger.has_record_file(s))
-            .cloned()
+            .iter()
+            .filter(|(s, k)| {
+                if self.is_retired(s) {
+                    !k.view.may_complete(now, self.left_after_secs)
+                } else {
+                    !self.ledger.has_record_file(s)
+                }
+            })
+            .map(|(s, _)| s.clone())
             .collect();
-        for stem in dropped {
+        for stem in over {
             if let Some(k) = self.retired.remove(&stem) {
-                self.torn_down(&k, None);
+                self.torn_down(&k);
             }
         }
         let mut now_left: BTreeMap<String, i64> = BTreeMap::new();
@@ -754,5 +769,37 @@ mod tests {
         t.sweep(&Now::read());
         assert_eq!(adds(&m, CHAIN_FAILED_TORN_DOWN), 1);
         assert_eq!(adds(&m, CHAIN_OK), 2);
+    }
+
+    /// A retired record whose ADD can no longer complete (older than `left_after`) is
+    /// torn down by the next pass, once, with its DEL timed at the retire.
+    #[test]
+    fn a_retired_record_too_old_to_complete_is_torn_down() {
+        let l = tmp_ledger("retired-old");
+        let m = Metrics::new();
+        let mut t = Tracker::new(l.clone(), &m, 1);
+        let w = Watch::arm(&l).unwrap();
+        t.resync(false);
+        let now = boot_ns().unwrap();
+        let stem = write(
+            &l,
+            "c1",
+            "a1",
+            json!({"tail": true, "createdBootNs": now,
+                "chain": {"delBeganBootNs": now}}),
+        );
+        drain(&w, &mut t);
+        let lock = l.lock(&stem, crate::ledger::Wait::No).unwrap().unwrap();
+        l.retire(&lock, &stem).unwrap();
+        drain(&w, &mut t);
+        let del = m.chain_del_duration.with_label_values(&["net1"]);
+        assert_eq!(del.get_sample_count(), 1, "the DEL is over at the retire");
+        t.sweep(&Now::read());
+        assert_eq!(adds(&m, CHAIN_FAILED_TORN_DOWN), 0, "young: may complete");
+        std::thread::sleep(Duration::from_millis(1100));
+        t.sweep(&Now::read());
+        t.sweep(&Now::read());
+        assert_eq!(adds(&m, CHAIN_FAILED_TORN_DOWN), 1);
+        assert_eq!(del.get_sample_count(), 1);
     }
 }
