@@ -334,12 +334,14 @@ fn namespaces_pinned_in_a_runtimes_own_mount_namespace_are_live() {
     drop(decoy);
 }
 
-/// `cni-ledger adopt` from the host over a libcni cache entry of a pod the stand-in pins
-/// where the host sees nothing (made with the ledger out of the chain): the record takes
-/// the identity the pin shows, is reported live, and gc keeps the pod's address; once the
-/// stand-in is gone, gc releases it.
+/// `cni-ledger adopt` from the host over libcni cache entries of pods the stand-in pins
+/// where the host sees nothing (made with the ledger out of the chain): `pa` in its
+/// private dir, and one at `/var/run/netns/<name>` as containerd names them (its
+/// mountinfo shows `/run/netns/<name>`; the host sees the empty file under the pin). Each
+/// record takes the identity the pin shows, is reported live, and gc keeps the pods'
+/// addresses; once the stand-in is gone, gc releases them.
 #[test]
-fn adopt_finds_a_pod_pinned_in_a_runtimes_own_mount_namespace() {
+fn adopt_finds_pods_pinned_in_a_runtimes_own_mount_namespace() {
     require_root!();
     let mut f = Fixture::with_spec(ChainSpec {
         portmap: false,
@@ -353,30 +355,48 @@ fn adopt_finds_a_pod_pinned_in_a_runtimes_own_mount_namespace() {
     fs::write(shared.join("pd"), b"").unwrap();
     let ready = f.tmp.path().join("stand-in-ready");
     let mut s = StandIn::start(&private, &shared, &ready);
+    // The host's /run/netns holds the empty file; only the stand-in has the pin.
+    let name = format!("cl-mntns-{}", std::process::id());
+    let host_file = Path::new("/run/netns").join(&name);
+    let _remove = RemoveOnDrop(host_file.clone());
+    let mut pin = Command::new("sh");
+    pin.arg("-c").arg(format!(
+        "touch {0} && unshare --net={0} true",
+        host_file.display()
+    ));
+    let out = s.inside(&pin).output().unwrap();
+    assert!(out.status.success(), "pin: {}", describe(&out));
 
-    // The ledger out of the chain: libcni's cache is the only trace of the ADD.
+    // The ledger out of the chain: libcni's cache is the only trace of the ADDs.
     let without = json!({
         "cniVersion": "1.0.0",
         "name": f.network,
         "plugins": [f.bridge_entry()],
     });
     f.write_conflist(&without);
-    let netns = private.join("pa").display().to_string();
-    let out = s
-        .inside(&f.driver_cmd("add", "cid-adopt", "eth0", Some(&netns), None))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "ADD: {}", describe(&out));
-    let addr = eth0_addr(&s, &netns).expect("no eth0 after ADD");
+    let pods = [
+        ("cid-adopt", private.join("pa").display().to_string()),
+        ("cid-var", format!("/var/run/netns/{name}")),
+    ];
+    let mut addrs = Vec::new();
+    for (cid, netns) in &pods {
+        let out = s
+            .inside(&f.driver_cmd("add", cid, "eth0", Some(netns), None))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "ADD {cid}: {}", describe(&out));
+        addrs.push(eth0_addr(&s, netns).expect("no eth0 after ADD"));
+        // libcni 1.1 caches no netns; 1.2 and later do, as here.
+        let cache = f.cache_result_path(cid, "eth0");
+        let mut entry: Value = serde_json::from_slice(&fs::read(&cache).unwrap()).unwrap();
+        entry["netns"] = json!(netns);
+        fs::write(&cache, serde_json::to_vec(&entry).unwrap()).unwrap();
+    }
     assert!(
         f.record_files().is_empty(),
         "the ledger was not in the chain"
     );
-    // libcni 1.1 caches no netns; 1.2 and later do, as here.
-    let cache = f.cache_result_path("cid-adopt", "eth0");
-    let mut entry: Value = serde_json::from_slice(&fs::read(&cache).unwrap()).unwrap();
-    entry["netns"] = json!(netns);
-    fs::write(&cache, serde_json::to_vec(&entry).unwrap()).unwrap();
+    assert_eq!(fs::metadata(&host_file).unwrap().len(), 0);
     // Adoption takes networks whose chain holds the ledger: put it back.
     let spec = f.spec.clone();
     f.write_conflist(&f.conflist(&spec));
@@ -399,22 +419,34 @@ fn adopt_finds_a_pod_pinned_in_a_runtimes_own_mount_namespace() {
         .unwrap();
     assert!(out.status.success(), "adopt: {}", describe(&out));
     let rep: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let adopted = &rep["adopted"][0];
-    assert_eq!(adopted["containerId"], json!("cid-adopt"), "{rep:#}");
-    assert_eq!(adopted["state"], json!("live"), "{rep:#}");
+    for (cid, _) in &pods {
+        let adopted = rep["adopted"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["containerId"] == json!(cid))
+            .unwrap_or_else(|| panic!("{cid} not adopted: {rep:#}"));
+        assert_eq!(adopted["state"], json!("live"), "{rep:#}");
+    }
     let leases = f.ipam_addresses();
-    assert_eq!(leases.len(), 1, "{leases:?}");
+    assert_eq!(leases.len(), 2, "{leases:?}");
 
     let (out, report) = f.gc(&["--grace", "0"]);
     let report = report.unwrap_or_else(|| panic!("gc printed no JSON: {}", describe(&out)));
-    assert_eq!(report["summary"]["live"], json!(1), "{report:#}");
-    assert_eq!(f.record_files().len(), 1, "gc removed the adopted record");
-    assert_eq!(f.ipam_addresses(), leases, "gc freed the pod's address");
-    assert_eq!(eth0_addr(&s, &netns), Some(addr), "eth0 gone after gc");
-    let row = f.list_row("cid-adopt", "eth0").unwrap();
-    assert_eq!(row["identity"], json!("held"), "{row:#}");
+    assert_eq!(report["summary"]["live"], json!(2), "{report:#}");
+    assert_eq!(f.record_files().len(), 2, "gc removed an adopted record");
+    assert_eq!(f.ipam_addresses(), leases, "gc freed a pod's address");
+    for ((cid, netns), addr) in pods.iter().zip(&addrs) {
+        assert_eq!(
+            eth0_addr(&s, netns).as_ref(),
+            Some(addr),
+            "{cid}: eth0 gone"
+        );
+        let row = f.list_row(cid, "eth0").unwrap();
+        assert_eq!(row["identity"], json!("held"), "{row:#}");
+    }
 
-    // The control: the stand-in and its pin gone, the adopted record is released.
+    // The control: the stand-in and its pins gone, the adopted records are released.
     let pids: Vec<u32> = s.pods.clone();
     s.stop();
     for pid in pids {
@@ -422,6 +454,15 @@ fn adopt_finds_a_pod_pinned_in_a_runtimes_own_mount_namespace() {
     }
     let (out, report) = f.gc(&["--grace", "0"]);
     let report = report.unwrap_or_else(|| panic!("gc printed no JSON: {}", describe(&out)));
-    assert_eq!(report["summary"]["replayed"], json!(1), "{report:#}");
+    assert_eq!(report["summary"]["replayed"], json!(2), "{report:#}");
     assert_eq!(f.ipam_addresses(), Vec::<String>::new());
+}
+
+/// A file removed on drop.
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
 }

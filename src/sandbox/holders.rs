@@ -152,10 +152,18 @@ impl NodeIndex {
     /// same path would be taken for it, which keeps a record (a leak), never frees one.
     pub fn mounted_at(&self, path: &str) -> Option<(NsId, Holder)> {
         let main = self.main.get_or_init(|| build_main(&self.proc));
-        main.mounts.get(path)?.iter().find_map(|&(key, pid)| {
+        // mountinfo shows the path resolved: containerd names `/var/run/netns/cni-…`,
+        // and `/var/run` is a link to `/run` on every current distribution.
+        let (mount_point, mounts) = std::iter::once(path.to_string())
+            .chain(
+                path.strip_prefix("/var/run/")
+                    .map(|rest| format!("/run/{rest}")),
+            )
+            .find_map(|p| main.mounts.get(&p).map(|m| (p, m)))?;
+        mounts.iter().find_map(|&(key, pid)| {
             let holder = Holder::Mount {
                 pid,
-                mount_point: path.to_string(),
+                mount_point: mount_point.clone(),
             };
             let through = holder.path(&self.proc);
             let super::Probe::Namespace(id) = super::probe(&through.to_string_lossy()) else {
