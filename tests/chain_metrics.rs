@@ -92,6 +92,9 @@ fn the_agent_exports_chain_outcomes_durations_and_headroom() {
     // No tail in the chain: the test plays the tail's part on the records itself.
     let mut args = agent_args(&f, &bin);
     args.push("--no-tail".into());
+    // A DEL landing on an ADD not completed retires its record: counted torn down once
+    // that ADD can no longer complete, here after 2 s.
+    args.extend(["--chain-left-after".into(), "2".into()]);
     let agent = Agent::start(&ledger_bin(), &args, &log, None);
     let net = f.network.clone();
     let ok = format!("cni_ledger_chain_adds_total{{network=\"{net}\",result=\"ok\"}}");
@@ -151,7 +154,7 @@ fn the_agent_exports_chain_outcomes_durations_and_headroom() {
         .unwrap_or_else(|e| panic!("DEL: {e}"));
     assert!(!rec2.exists(), "DEL left the record");
     let del_count = format!("cni_ledger_chain_del_duration_seconds_count{{network=\"{net}\"}}");
-    wait_for(5 * SECOND, || {
+    wait_for(10 * SECOND, || {
         let m = agent.metrics();
         sample(&m, &torn) == Some(1.0) && sample(&m, &del_count) == Some(1.0)
     })

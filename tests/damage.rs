@@ -685,3 +685,53 @@ fn record_ages_hold_across_time_namespaces() {
     ];
     assert_eq!(gc("0", true), replayed);
 }
+
+/// The same odd entries in `retired/` (where a DEL or GC sets aside the record of an ADD
+/// in the chain): the first gc reports and quarantines each once, never blocking on the
+/// FIFO; the next finds nothing and exits 0. Without this gc exited 1 on every run.
+#[test]
+fn odd_entries_in_retired_are_quarantined_once() {
+    require_root!();
+    use std::os::unix::ffi::OsStrExt;
+    let w = World::new("dmgret", NET, "0");
+    let ns = Netns::with_prefix("clret");
+    w.add("keep", &ns.path_str(), &[]);
+    let dir = w.ledger_dir.join("retired");
+    std::fs::create_dir(&dir).unwrap();
+    nix::unistd::mkfifo(
+        &dir.join(format!("{NET}:fifo:eth0.json")),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    std::fs::create_dir(dir.join(format!("{NET}:adir:eth0.json"))).unwrap();
+    std::fs::write(
+        dir.join(std::ffi::OsStr::from_bytes(b"dmg:\xff\xfe:eth0.json")),
+        b"{}",
+    )
+    .unwrap();
+    std::fs::write(dir.join(format!("{NET}:cut:eth0.json")), b"{\"format\":1").unwrap();
+
+    let gc = || {
+        let all = w.gc_args(&[]);
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        let out = output_within(w.cli_cmd(&refs), 60);
+        let rep: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("no report ({e}): {}", describe(&out)));
+        (out, rep)
+    };
+    let (out, rep) = gc();
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    let damaged = rep["damaged"].as_array().unwrap();
+    assert_eq!(damaged.len(), 4, "{rep:#}");
+    assert!(
+        damaged.iter().all(|d| d["quarantinedTo"].is_string()),
+        "{rep:#}"
+    );
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(w.quarantine_dir()).unwrap().count(), 4);
+    assert!(w.record_path("keep").exists(), "the live record stays");
+
+    let (out, rep) = gc();
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert!(rep["damaged"].as_array().unwrap().is_empty(), "{rep:#}");
+}

@@ -12,6 +12,7 @@
 // Tests may unwrap: a panic is a failed test with its message ([lints] in Cargo.toml).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod agent_common;
 mod common;
 
 use std::fs;
@@ -322,4 +323,53 @@ fn a_retired_record_whose_add_cannot_complete_is_replayed_and_dropped() {
     // Nothing left to do.
     let (_, report) = f.gc(&[&args[..], &["--chain-left-after", "0"]].concat());
     assert_eq!(report.unwrap()["summary"]["replayed"], json!(0));
+}
+
+/// The agent's chain watcher sees the DEL retire the record and the tail restore it: the
+/// ADD, which succeeded, is counted `ok` once and never `failed-torn-down`.
+#[test]
+fn the_agent_counts_an_add_restored_by_its_tail_ok_only() {
+    require_root!();
+    use agent_common::{dir_args, sample, wait_for, Agent};
+    let f = fixture();
+    let bin = f.tmp.path().join("agent-bin");
+    fs::create_dir_all(&bin).unwrap();
+    fs::copy(ledger_bin(), bin.join("cni-ledger")).unwrap();
+    let args = dir_args(&bin, &f.conf_dir, &f.ledger_dir, &f.cache_dir);
+    let agent = Agent::start(&ledger_bin(), &args, &f.tmp.path().join("agent.log"), None);
+    wait_for(Duration::from_secs(5), || {
+        f.ledger_dir.join("records").is_dir()
+    })
+    .unwrap_or_else(|| panic!("no records dir:\n{}", agent.log_text()));
+    // Let the watcher arm.
+    std::thread::sleep(Duration::from_secs(1));
+    let net = f.network.clone();
+    let series =
+        |r: &str| format!("cni_ledger_chain_adds_total{{network=\"{net}\",result=\"{r}\"}}");
+
+    let mut ns = Netns::new();
+    let add = start_held_add(&f, "c-held", &ns);
+    f.del("c-held", "eth0", Some(&ns.path_str()), None)
+        .unwrap_or_else(|e| panic!("DEL: {e}\nlog:\n{}", f.log()));
+    assert!(f
+        .ledger_dir
+        .join("retired")
+        .read_dir()
+        .unwrap()
+        .next()
+        .is_some());
+    let ip = first_ip(&release(&f, add));
+    every_address_is_recorded(&f, &ip);
+    wait_for(Duration::from_secs(5), || {
+        sample(&agent.metrics(), &series("ok")) == Some(1.0)
+    })
+    .unwrap_or_else(|| panic!("the ADD not counted ok:\n{}", agent.metrics()));
+    // A pass of the watcher after the restore (it runs at most every 30 s; the retire's
+    // event was read long before).
+    std::thread::sleep(Duration::from_secs(1));
+    let m = agent.metrics();
+    assert_eq!(sample(&m, &series("failed-torn-down")), None, "{m}");
+    assert_eq!(sample(&m, &series("ok")), Some(1.0), "{m}");
+    drop(agent);
+    gc_releases(&f, &mut ns, &ip);
 }

@@ -57,6 +57,34 @@ fn relative_paths_are_refused_at_add_and_nothing_is_made_in_the_cwd() {
     assert!(!made, "DEL wrote a log file in the working directory");
 }
 
+/// A `ledgerDir` of `/` (the ledger's dirs over the node's root) or with a `..` is refused
+/// at ADD with error 7 naming it, before anything is made.
+#[test]
+fn a_ledger_dir_of_root_or_with_dot_dot_is_refused_at_add() {
+    let w = World::new();
+    let parent = w.ledger.parent().unwrap().to_path_buf();
+    // The `..` first: without the check it makes a ledger in the temp dir, not in `/`.
+    for (dir, must) in [
+        (
+            format!("{}/x/..", parent.display()),
+            "a path without \"..\"",
+        ),
+        ("/".to_string(), "a directory of its own"),
+        ("//".to_string(), "a directory of its own"),
+    ] {
+        let mut conf = w.conf("1.0.0");
+        conf["ledgerDir"] = json!(dir);
+        let e = cni_error(&w.add("c1", &conf), 7);
+        assert_eq!(
+            e["details"],
+            json!(format!("ledgerDir must be {must}, not {dir:?}")),
+            "{e}"
+        );
+    }
+    assert!(!parent.join("records").exists(), "ADD made a ledger");
+    assert!(!parent.join("x").exists(), "ADD made a ledger");
+}
+
 /// Numbers beyond their documented maxima are refused at parse with error 7 naming the
 /// key, on every command (issue #30: `gcBudgetSecs` 18446744073709551615 used to
 /// overflow the GC verb's deadline, a panic answered as code 999). Nothing is written.

@@ -12,7 +12,12 @@
 //! - (a) `pa`: the path is missing (its directory is a tmpfs only the stand-in has);
 //! - (b) `pb`: the path is an empty regular file (the bind mount's target, seen without
 //!   the mount);
-//! - (c) `pc`: missing too, and no process in it at all: only the pin holds it.
+//! - (c) `pc`: missing too, and no process in it at all: only the pin holds it;
+//! - (d) `pd`: another namespace, the host's own mount at the same path (netns-replaced
+//!   by device and inode), under the stand-in's pin of the pod.
+//!
+//! And `cni-ledger adopt` from the host over a libcni cache entry of such a pod (made
+//! with the ledger out of the chain) records the identity the pin shows, so gc keeps it.
 //!
 //! Needs root.
 //!
@@ -40,10 +45,13 @@ touch "$1/pa" "$1/pc"
 unshare --net="$1/pa" true
 unshare --net="$2/pb" true
 unshare --net="$1/pc" true
+unshare --net="$2/pd" true
 nsenter --net="$1/pa" sleep 1000 </dev/null >/dev/null 2>&1 &
 echo $! > "$3.pa"
 nsenter --net="$2/pb" sleep 1000 </dev/null >/dev/null 2>&1 &
 echo $! > "$3.pb"
+nsenter --net="$2/pd" sleep 1000 </dev/null >/dev/null 2>&1 &
+echo $! > "$3.pd"
 touch "$3"
 exec sleep 1000
 "#;
@@ -95,7 +103,7 @@ impl StandIn {
             assert!(Instant::now() < deadline, "the stand-in never got ready");
             std::thread::sleep(Duration::from_millis(5));
         }
-        for pod in ["pa", "pb"] {
+        for pod in ["pa", "pb", "pd"] {
             let f = format!("{}.{pod}", ready.display());
             s.pods
                 .push(fs::read_to_string(&f).unwrap().trim().parse().unwrap());
@@ -139,6 +147,29 @@ impl Drop for StandIn {
     }
 }
 
+/// The host's own namespace mounted at `path` (as `ip netns add` would), unmounted on
+/// drop: what the host's view of a path shows while a runtime pins another there.
+struct HostMount(std::path::PathBuf);
+
+impl HostMount {
+    fn new(path: &Path) -> HostMount {
+        fs::write(path, b"").unwrap();
+        let out = Command::new("unshare")
+            .arg(format!("--net={}", path.display()))
+            .arg("true")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "unshare --net: {}", describe(&out));
+        HostMount(path.to_path_buf())
+    }
+}
+
+impl Drop for HostMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).output();
+    }
+}
+
 /// Waits until no process has `pid` any more (killed orphans are reaped by init).
 fn wait_gone(pid: u32) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -174,6 +205,8 @@ fn namespaces_pinned_in_a_runtimes_own_mount_namespace_are_live() {
     fs::create_dir_all(&shared).unwrap();
     // (b): the host sees this empty file; the stand-in mounts the namespace over it.
     fs::write(shared.join("pb"), b"").unwrap();
+    // (d): the host's path holds a namespace of its own; the stand-in pins the pod over it.
+    let decoy = HostMount::new(&shared.join("pd"));
     let ready = f.tmp.path().join("stand-in-ready");
     let mut s = StandIn::start(&private, &shared, &ready);
 
@@ -181,6 +214,7 @@ fn namespaces_pinned_in_a_runtimes_own_mount_namespace_are_live() {
         ("cid-a", private.join("pa")),
         ("cid-b", shared.join("pb")),
         ("cid-c", private.join("pc")),
+        ("cid-d", shared.join("pd")),
     ]
     .into_iter()
     .map(|(cid, p)| (cid.to_string(), p.display().to_string()))
@@ -202,13 +236,22 @@ fn namespaces_pinned_in_a_runtimes_own_mount_namespace_are_live() {
     let leases = f.ipam_addresses();
     assert_eq!(
         (records.len(), leases.len()),
-        (3, 3),
+        (4, 4),
         "{records:?} {leases:?}"
+    );
+    // (d): the host's view is a namespace, not the pod's.
+    let host_view = fs::metadata(shared.join("pd")).unwrap();
+    let pod_ns = fs::metadata(format!("/proc/{}/ns/net", s.pods[2])).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_ne!(
+        host_view.ino(),
+        pod_ns.ino(),
+        "the decoy is the pod's namespace"
     );
 
     let (out, report) = f.gc(&["--grace", "0"]);
     let report = report.unwrap_or_else(|| panic!("gc printed no JSON: {}", describe(&out)));
-    assert_eq!(report["summary"]["live"], json!(3), "{report:#}");
+    assert_eq!(report["summary"]["live"], json!(4), "{report:#}");
     assert_eq!(report["summary"]["stale"], json!(0), "{report:#}");
     assert_eq!(f.record_files(), records, "gc removed a live record");
     assert_eq!(f.ipam_addresses(), leases, "gc freed a live pod's address");
@@ -284,8 +327,142 @@ fn namespaces_pinned_in_a_runtimes_own_mount_namespace_are_live() {
     }
     let (out, report) = f.gc(&["--grace", "0"]);
     let report = report.unwrap_or_else(|| panic!("gc printed no JSON: {}", describe(&out)));
-    assert_eq!(report["summary"]["replayed"], json!(3), "{report:#}");
+    assert_eq!(report["summary"]["replayed"], json!(4), "{report:#}");
     assert!(report.get("held").is_none(), "{report:#}");
     assert_eq!(f.record_files(), Vec::<String>::new());
     assert_eq!(f.ipam_addresses(), Vec::<String>::new());
+    drop(decoy);
+}
+
+/// `cni-ledger adopt` from the host over libcni cache entries of pods the stand-in pins
+/// where the host sees nothing (made with the ledger out of the chain): `pa` in its
+/// private dir, and one at `/var/run/netns/<name>` as containerd names them (its
+/// mountinfo shows `/run/netns/<name>`; the host sees the empty file under the pin). Each
+/// record takes the identity the pin shows, is reported live, and gc keeps the pods'
+/// addresses; once the stand-in is gone, gc releases them.
+#[test]
+fn adopt_finds_pods_pinned_in_a_runtimes_own_mount_namespace() {
+    require_root!();
+    let mut f = Fixture::with_spec(ChainSpec {
+        portmap: false,
+        ..ChainSpec::full()
+    });
+    let private = f.tmp.path().join("runtime-netns");
+    let shared = f.tmp.path().join("runtime-files");
+    fs::create_dir_all(&private).unwrap();
+    fs::create_dir_all(&shared).unwrap();
+    fs::write(shared.join("pb"), b"").unwrap();
+    fs::write(shared.join("pd"), b"").unwrap();
+    let ready = f.tmp.path().join("stand-in-ready");
+    let mut s = StandIn::start(&private, &shared, &ready);
+    // The host's /run/netns holds the empty file; only the stand-in has the pin.
+    let name = format!("cl-mntns-{}", std::process::id());
+    let host_file = Path::new("/run/netns").join(&name);
+    let _remove = RemoveOnDrop(host_file.clone());
+    let mut pin = Command::new("sh");
+    pin.arg("-c").arg(format!(
+        "touch {0} && unshare --net={0} true",
+        host_file.display()
+    ));
+    let out = s.inside(&pin).output().unwrap();
+    assert!(out.status.success(), "pin: {}", describe(&out));
+
+    // The ledger out of the chain: libcni's cache is the only trace of the ADDs.
+    let without = json!({
+        "cniVersion": "1.0.0",
+        "name": f.network,
+        "plugins": [f.bridge_entry()],
+    });
+    f.write_conflist(&without);
+    let pods = [
+        ("cid-adopt", private.join("pa").display().to_string()),
+        ("cid-var", format!("/var/run/netns/{name}")),
+    ];
+    let mut addrs = Vec::new();
+    for (cid, netns) in &pods {
+        let out = s
+            .inside(&f.driver_cmd("add", cid, "eth0", Some(netns), None))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "ADD {cid}: {}", describe(&out));
+        addrs.push(eth0_addr(&s, netns).expect("no eth0 after ADD"));
+        // libcni 1.1 caches no netns; 1.2 and later do, as here.
+        let cache = f.cache_result_path(cid, "eth0");
+        let mut entry: Value = serde_json::from_slice(&fs::read(&cache).unwrap()).unwrap();
+        entry["netns"] = json!(netns);
+        fs::write(&cache, serde_json::to_vec(&entry).unwrap()).unwrap();
+    }
+    assert!(
+        f.record_files().is_empty(),
+        "the ledger was not in the chain"
+    );
+    assert_eq!(fs::metadata(&host_file).unwrap().len(), 0);
+    // Adoption takes networks whose chain holds the ledger: put it back.
+    let spec = f.spec.clone();
+    f.write_conflist(&f.conflist(&spec));
+
+    let cache_dir = f.cache_dir.display().to_string();
+    let conf_dir = f.conf_dir.display().to_string();
+    let cni_path = f.cni_path();
+    let out = f
+        .ledger_cmd(&[
+            "adopt",
+            "--json",
+            "--cni-cache-dir",
+            &cache_dir,
+            "--conf-dir",
+            &conf_dir,
+            "--cni-path",
+            &cni_path,
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "adopt: {}", describe(&out));
+    let rep: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for (cid, _) in &pods {
+        let adopted = rep["adopted"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["containerId"] == json!(cid))
+            .unwrap_or_else(|| panic!("{cid} not adopted: {rep:#}"));
+        assert_eq!(adopted["state"], json!("live"), "{rep:#}");
+    }
+    let leases = f.ipam_addresses();
+    assert_eq!(leases.len(), 2, "{leases:?}");
+
+    let (out, report) = f.gc(&["--grace", "0"]);
+    let report = report.unwrap_or_else(|| panic!("gc printed no JSON: {}", describe(&out)));
+    assert_eq!(report["summary"]["live"], json!(2), "{report:#}");
+    assert_eq!(f.record_files().len(), 2, "gc removed an adopted record");
+    assert_eq!(f.ipam_addresses(), leases, "gc freed a pod's address");
+    for ((cid, netns), addr) in pods.iter().zip(&addrs) {
+        assert_eq!(
+            eth0_addr(&s, netns).as_ref(),
+            Some(addr),
+            "{cid}: eth0 gone"
+        );
+        let row = f.list_row(cid, "eth0").unwrap();
+        assert_eq!(row["identity"], json!("held"), "{row:#}");
+    }
+
+    // The control: the stand-in and its pins gone, the adopted records are released.
+    let pids: Vec<u32> = s.pods.clone();
+    s.stop();
+    for pid in pids {
+        wait_gone(pid);
+    }
+    let (out, report) = f.gc(&["--grace", "0"]);
+    let report = report.unwrap_or_else(|| panic!("gc printed no JSON: {}", describe(&out)));
+    assert_eq!(report["summary"]["replayed"], json!(2), "{report:#}");
+    assert_eq!(f.ipam_addresses(), Vec::<String>::new());
+}
+
+/// A file removed on drop.
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
 }

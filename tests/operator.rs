@@ -169,3 +169,41 @@ fn an_add_let_through_by_on_ledger_error_warn_still_reports_the_error() {
         describe(&out)
     );
 }
+
+/// `cni-ledger gc | head -1`: the reader gone before the CLI writes. Every command that
+/// prints ends quietly (no panic, no error message) with 141, the status of a tool a
+/// closed pipe ended; gc has done its work all the same (its report comes last).
+#[test]
+fn cli_output_into_a_closed_pipe_ends_quietly() {
+    require_root!();
+    let f = Fixture::ledger_only();
+    let ns = Netns::new();
+    f.add("c-pipe", "eth0", Some(&ns.path_str()), None)
+        .unwrap_or_else(|e| panic!("ADD: {e}"));
+    let gone = Netns::new();
+    f.add("c-gone", "eth0", Some(&gone.path_str()), None)
+        .unwrap_or_else(|e| panic!("ADD: {e}"));
+    drop(gone);
+    let cache = f.cache_dir.display().to_string();
+    for args in [
+        vec!["list"],
+        vec!["list", "--json"],
+        vec!["verify"],
+        vec!["gc", "--grace", "0", "--cni-cache-dir", &cache],
+        vec!["gc", "--json", "--cni-cache-dir", &cache],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = f.ledger_cmd(&args).stdout(writer).output().unwrap();
+        assert_eq!(out.status.code(), Some(141), "{args:?}: {}", describe(&out));
+        // gc's log lines may be there; no panic, no error about the pipe.
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !err.contains("panicked") && !err.contains("Broken pipe") && !err.contains("rror"),
+            "{args:?}: {}",
+            describe(&out)
+        );
+    }
+    // The first gc did its work: the gone pod's record was replayed and dropped.
+    assert_eq!(f.record_files().len(), 1, "{:?}", f.record_files());
+}

@@ -9,7 +9,11 @@
 //! - a record removed (`IN_DELETE`, `IN_MOVED_FROM`) that had `tail: true` and never
 //!   completed is counted `failed-torn-down` (its DEL came: the runtime's, or gc's
 //!   replay); if the tail noted DEL's start (`chain.delBeganBootNs`), the time from then
-//!   to now is observed in `cni_ledger_chain_del_duration_seconds`;
+//!   to now is observed in `cni_ledger_chain_del_duration_seconds`; a record retired
+//!   instead (to `retired/`: a DEL or GC while its ADD was in the chain) is held aside,
+//!   taken back when its tail restores it, and counted torn down only once its ADD can
+//!   no longer complete (older than `--chain-left-after`) or gc has dropped it (the
+//!   periodic pass);
 //! - a periodic pass over what the watcher remembers (no file read) classifies records
 //!   with `tail: true`, never completed, no DEL begun and older than `--chain-left-after`
 //!   as `failed-left`: counted once each, and their number now in
@@ -51,6 +55,10 @@ pub struct Tracker<'a> {
     metrics: &'a Metrics,
     left_after_secs: u64,
     known: HashMap<String, Known>,
+    /// Records moved out of `records/` by a retire (a DEL or GC while their ADD was in
+    /// the chain): not torn down yet. The tail's restore brings one back under the same
+    /// ADD; one gone from `retired/` too (gc replayed it) was torn down after all.
+    retired: HashMap<String, Known>,
 }
 
 impl<'a> Tracker<'a> {
@@ -60,6 +68,7 @@ impl<'a> Tracker<'a> {
             metrics,
             left_after_secs,
             known: HashMap::new(),
+            retired: HashMap::new(),
         }
     }
 
@@ -102,6 +111,15 @@ impl<'a> Tracker<'a> {
     }
 
     fn take(&mut self, stem: String, v: View) {
+        if let Some(k) = self.retired.remove(&stem) {
+            if k.view.add_id == v.add_id {
+                // Restored by its tail: the same ADD, counted once when it completes.
+                self.known.entry(stem.clone()).or_insert(k);
+            } else {
+                // A new ADD of the key: the retired one's record is gone for good.
+                self.torn_down(&k);
+            }
+        }
         let prev = self.known.get(&stem);
         let same_add = prev.is_some_and(|p| p.view.add_id == v.add_id);
         let was_completed = same_add && prev.is_some_and(|p| p.view.completed());
@@ -133,17 +151,39 @@ impl<'a> Tracker<'a> {
         let Some(k) = self.known.remove(stem) else {
             return;
         };
-        let v = &k.view;
-        if !v.tail {
+        // The DEL (or GC) is over either way: its time is known now.
+        self.del_ended(&k.view, at_boot_ns);
+        // Retired, not removed (or already restored by the time this event is read):
+        // its ADD may still complete, so its outcome waits (`take`, `sweep`).
+        if self.is_retired(stem) || self.ledger.has_record_file(stem) {
+            self.retired.insert(stem.to_string(), k);
             return;
         }
-        let net = [v.network.as_str()];
-        if !v.completed() && !k.counted_left {
+        self.torn_down(&k);
+    }
+
+    fn is_retired(&self, stem: &str) -> bool {
+        std::fs::symlink_metadata(self.ledger.retired_path(stem)).is_ok()
+    }
+
+    /// A record of a chain with a tail that went away: counted torn down unless it
+    /// completed or was counted left.
+    fn torn_down(&self, k: &Known) {
+        let v = &k.view;
+        if v.tail && !v.completed() && !k.counted_left {
             self.metrics
                 .chain_adds
                 .with_label_values(&[v.network.as_str(), CHAIN_FAILED_TORN_DOWN])
                 .inc();
         }
+    }
+
+    /// A DEL's end, timed when both ends are known.
+    fn del_ended(&self, v: &View, at_boot_ns: Option<u64>) {
+        if !v.tail {
+            return;
+        }
+        let net = [v.network.as_str()];
         if let (Some(began), Some(at)) = (v.del_began_boot_ns(), at_boot_ns) {
             if let Some(ns) = at.checked_sub(began) {
                 self.metrics
@@ -157,6 +197,26 @@ impl<'a> Tracker<'a> {
     /// The failed-left pass over what is remembered: counts each record once and sets
     /// the number left behind now, per network.
     pub fn sweep(&mut self, now: &Now) {
+        // Retired records whose ADD can no longer complete (too old, as gc and DEL judge
+        // it), or that gc has replayed and dropped: torn down after all. One restored
+        // meanwhile waits for its event (`take`). One stat each: few are ever retired.
+        let over: Vec<String> = self
+            .retired
+            .iter()
+            .filter(|(s, k)| {
+                if self.is_retired(s) {
+                    !k.view.may_complete(now, self.left_after_secs)
+                } else {
+                    !self.ledger.has_record_file(s)
+                }
+            })
+            .map(|(s, _)| s.clone())
+            .collect();
+        for stem in over {
+            if let Some(k) = self.retired.remove(&stem) {
+                self.torn_down(&k);
+            }
+        }
         let mut now_left: BTreeMap<String, i64> = BTreeMap::new();
         for k in self.known.values_mut() {
             if !k.view.failed_left(now, self.left_after_secs) {
@@ -639,5 +699,107 @@ mod tests {
         let del = m.chain_del_duration.with_label_values(&["net1"]);
         assert_eq!(del.get_sample_count(), 1);
         assert!(del.get_sample_sum() >= 0.01, "{}", del.get_sample_sum());
+    }
+
+    /// A DEL landing on an ADD in the chain retires its record; the tail restores and
+    /// completes it: one `ok`, never `failed-torn-down` too. A retired record gc then
+    /// replays and drops is torn down, counted once by the next pass.
+    #[test]
+    fn a_retired_record_is_not_torn_down_until_it_is_dropped() {
+        let l = tmp_ledger("retired");
+        let m = Metrics::new();
+        let mut t = Tracker::new(l.clone(), &m, DEFAULT_LEFT_AFTER_SECS);
+        let w = Watch::arm(&l).unwrap();
+        t.resync(false);
+        let start = boot_ns().unwrap() - 30_000_000;
+        let pending = json!({"tail": true, "createdBootNs": start});
+        let stem = write(&l, "c1", "a1", pending.clone());
+        drain(&w, &mut t);
+        let lock = l.lock(&stem, crate::ledger::Wait::No).unwrap().unwrap();
+        l.retire(&lock, &stem).unwrap();
+        drain(&w, &mut t);
+        assert_eq!(
+            adds(&m, CHAIN_FAILED_TORN_DOWN),
+            0,
+            "retired is not torn down"
+        );
+        // The tail's restore, then its note.
+        l.restore_retired(&lock, &stem).unwrap();
+        drop(lock);
+        drain(&w, &mut t);
+        let Some(crate::ledger::Decoded::Ok(rec)) = l.read(&stem).unwrap() else {
+            panic!("no record")
+        };
+        let chain = crate::ledger::record::ChainNote {
+            completed_boot_ns: Some(start + 10_000_000),
+            ..Default::default()
+        };
+        l.put_note(&rec, &chain).unwrap();
+        drain(&w, &mut t);
+        t.sweep(&Now::read());
+        assert_eq!(adds(&m, CHAIN_OK), 1);
+        assert_eq!(adds(&m, CHAIN_FAILED_TORN_DOWN), 0);
+
+        // Retired, restored and completed before the watcher reads the retire's event.
+        let quick = write(&l, "c3", "a3", pending.clone());
+        drain(&w, &mut t);
+        let lock = l.lock(&quick, crate::ledger::Wait::No).unwrap().unwrap();
+        l.retire(&lock, &quick).unwrap();
+        l.restore_retired(&lock, &quick).unwrap();
+        drop(lock);
+        let Some(crate::ledger::Decoded::Ok(rec)) = l.read(&quick).unwrap() else {
+            panic!("no record")
+        };
+        l.put_note(&rec, &chain).unwrap();
+        drain(&w, &mut t);
+        assert_eq!(adds(&m, CHAIN_OK), 2);
+        assert_eq!(adds(&m, CHAIN_FAILED_TORN_DOWN), 0);
+
+        // Retired, and its ADD never completes: gc replays and drops it.
+        let lost = write(&l, "c2", "a2", pending);
+        drain(&w, &mut t);
+        let lock = l.lock(&lost, crate::ledger::Wait::No).unwrap().unwrap();
+        l.retire(&lock, &lost).unwrap();
+        drain(&w, &mut t);
+        t.sweep(&Now::read());
+        assert_eq!(adds(&m, CHAIN_FAILED_TORN_DOWN), 0, "still retired");
+        assert!(l.drop_retired(&lost).unwrap());
+        drop(lock);
+        t.sweep(&Now::read());
+        t.sweep(&Now::read());
+        assert_eq!(adds(&m, CHAIN_FAILED_TORN_DOWN), 1);
+        assert_eq!(adds(&m, CHAIN_OK), 2);
+    }
+
+    /// A retired record whose ADD can no longer complete (older than `left_after`) is
+    /// torn down by the next pass, once, with its DEL timed at the retire.
+    #[test]
+    fn a_retired_record_too_old_to_complete_is_torn_down() {
+        let l = tmp_ledger("retired-old");
+        let m = Metrics::new();
+        let mut t = Tracker::new(l.clone(), &m, 1);
+        let w = Watch::arm(&l).unwrap();
+        t.resync(false);
+        let now = boot_ns().unwrap();
+        let stem = write(
+            &l,
+            "c1",
+            "a1",
+            json!({"tail": true, "createdBootNs": now,
+                "chain": {"delBeganBootNs": now}}),
+        );
+        drain(&w, &mut t);
+        let lock = l.lock(&stem, crate::ledger::Wait::No).unwrap().unwrap();
+        l.retire(&lock, &stem).unwrap();
+        drain(&w, &mut t);
+        let del = m.chain_del_duration.with_label_values(&["net1"]);
+        assert_eq!(del.get_sample_count(), 1, "the DEL is over at the retire");
+        t.sweep(&Now::read());
+        assert_eq!(adds(&m, CHAIN_FAILED_TORN_DOWN), 0, "young: may complete");
+        std::thread::sleep(Duration::from_millis(1100));
+        t.sweep(&Now::read());
+        t.sweep(&Now::read());
+        assert_eq!(adds(&m, CHAIN_FAILED_TORN_DOWN), 1);
+        assert_eq!(del.get_sample_count(), 1);
     }
 }

@@ -57,7 +57,7 @@ pub fn run(args: Args) -> Result<i32> {
         dry_run: args.dry_run,
     })?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print_human(&report);
     }
@@ -75,7 +75,7 @@ fn print_human(r: &Report) {
             AdoptAction::Busy | AdoptAction::Exists | AdoptAction::Gone => false,
         })
         .count();
-    println!(
+    outln!(
         "{}{verb} {n}, already recorded {}, unusable {}, left out {}",
         if r.dry_run { "dry run: " } else { "" },
         r.already_recorded,
@@ -83,11 +83,11 @@ fn print_human(r: &Report) {
         r.left_out.len()
     );
     if r.networks.is_empty() {
-        println!(
+        outln!(
             "no network's chain holds this ledger: nothing taken (inject it, or name --network)"
         );
     } else {
-        println!("networks: {}", r.networks.join(", "));
+        outln!("networks: {}", r.networks.join(", "));
     }
     if !r.adopted.is_empty() {
         let rows: Vec<Vec<String>> = r
@@ -106,7 +106,7 @@ fn print_human(r: &Report) {
                 ]
             })
             .collect();
-        println!();
+        outln!();
         super::print_table(
             &[
                 "NETWORK",
@@ -122,7 +122,7 @@ fn print_human(r: &Report) {
         );
     }
     for a in r.adopted.iter().filter(|a| !a.missing_plugins.is_empty()) {
-        println!(
+        outln!(
             "warning: {}/{}/{}: plugin(s) {} found in none of {}: its replay will fail",
             a.network,
             a.container_id,
@@ -132,7 +132,7 @@ fn print_human(r: &Report) {
         );
     }
     for u in &r.unusable {
-        println!("unusable: {} ({})", u.file, u.reason);
+        outln!("unusable: {} ({})", u.file, u.reason);
     }
     let mut left: std::collections::BTreeMap<&str, usize> = Default::default();
     for l in &r.left_out {
@@ -141,6 +141,6 @@ fn print_human(r: &Report) {
             .or_default() += 1;
     }
     for (net, n) in left {
-        println!("left out: {n} of network {net} (its chain does not hold this ledger)");
+        outln!("left out: {n} of network {net} (its chain does not hold this ledger)");
     }
 }

@@ -115,7 +115,7 @@ pub fn run(args: Args) -> Result<i32> {
     let mut report = result?;
     report.cri = cri;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print_human(&report);
     }
@@ -169,7 +169,7 @@ fn print_human(r: &Report) {
         0 => String::new(),
         n => format!(", newer format {n}"),
     };
-    println!(
+    outln!(
         "{}stale {}, {} {}, retrying {}, failed {}, skipped {}, live {}, damaged {}{unreadable}{newer}",
         if r.dry_run { "dry run: " } else { "" },
         s.stale,
@@ -183,20 +183,24 @@ fn print_human(r: &Report) {
     );
     if let Some(c) = &r.cri {
         match c.sandboxes {
-            Some(n) => println!("cri: {} lists {n} pod sandbox(es)", c.endpoint),
-            None => println!(
+            Some(n) => outln!("cri: {} lists {n} pod sandbox(es)", c.endpoint),
+            None => outln!(
                 "cri: {} did not answer; nothing judged by it this run",
                 c.endpoint
             ),
         }
     }
     if let Some(why) = &r.cri_refused {
-        println!("cri: {why}");
+        outln!("cri: {why}");
     }
     for h in &r.held {
-        println!(
+        outln!(
             "live: {}/{}/{}: {} not seen from here, namespace {}",
-            h.network, h.container_id, h.ifname, h.netns, h.held_by
+            h.network,
+            h.container_id,
+            h.ifname,
+            h.netns,
+            h.held_by
         );
     }
     if !r.records.is_empty() {
@@ -242,7 +246,7 @@ fn print_human(r: &Report) {
                 ]
             })
             .collect();
-        println!();
+        outln!();
         super::print_table(
             &[
                 "NETWORK",
@@ -256,16 +260,17 @@ fn print_human(r: &Report) {
         );
     }
     for u in &r.unreadable {
-        println!(
+        outln!(
             "unreadable: {} ({}); left in place, read again next run",
-            u.file, u.error
+            u.file,
+            u.error
         );
     }
     for n in &r.newer {
-        println!("newer: {} (format {}): {}", n.file, n.format, n.reason);
+        outln!("newer: {} (format {}): {}", n.file, n.format, n.reason);
     }
     for d in &r.damaged {
-        println!(
+        outln!(
             "damaged: {} ({}){}",
             d.file,
             d.reason,

@@ -55,11 +55,11 @@ pub fn run(args: Args) -> Result<i32> {
             let dropin = planned.tail_dropin.as_ref().filter(|d| d.changed);
             let changed = planned.changed || dropin.is_some();
             if args.dry_run {
-                print!("{}", planned.text);
+                out!("{}", planned.text);
                 if let Some(d) = dropin {
                     match &d.want {
-                        Some(text) => print!("# {}:\n{text}", d.path.display()),
-                        None => println!("# {}: removed", d.path.display()),
+                        Some(text) => out!("# {}:\n{text}", d.path.display()),
+                        None => outln!("# {}: removed", d.path.display()),
                     }
                 }
                 return Ok(if changed {
@@ -89,9 +89,9 @@ pub fn run(args: Args) -> Result<i32> {
             })
         })();
         match result {
-            Ok(what) => eprintln!("{}: {what}", path.display()),
+            Ok(what) => errln!("{}: {what}", path.display()),
             Err(e) => {
-                eprintln!("{}: refused: {e:#}", path.display());
+                errln!("{}: refused: {e:#}", path.display());
                 status = 1;
             }
         }

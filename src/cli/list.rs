@@ -244,7 +244,7 @@ fn damaged_row(ledger: &Ledger, d: Damaged) -> OtherRow {
 
 /// Writes JSON array elements from several threads, commas and all.
 struct JsonArray {
-    out: std::io::BufWriter<std::io::Stdout>,
+    out: std::io::BufWriter<super::out::Stdout>,
     first: bool,
 }
 
@@ -345,7 +345,7 @@ pub fn run(args: Args) -> Result<i32> {
             crate::cri::socket_path(endpoint)?;
             let j = crate::cri::judgement(endpoint, &args.cri_network, crate::cri::TIMEOUT);
             if j.is_none() {
-                eprintln!("cni-ledger: {endpoint} did not answer; runtime state not shown");
+                errln!("cni-ledger: {endpoint} did not answer; runtime state not shown");
             }
             j
         }
@@ -353,7 +353,7 @@ pub fn run(args: Args) -> Result<i32> {
     };
     let now = crate::time::now();
     let json = Mutex::new(JsonArray {
-        out: std::io::BufWriter::new(std::io::stdout()),
+        out: std::io::BufWriter::new(super::out::Stdout),
         first: true,
     });
     let chains = Chains::default();

@@ -1,10 +1,27 @@
 //! The command-line face: selected when `CNI_COMMAND` is not set.
 
+/// `print!` through `out::print`: safe when stdout's reader has gone.
+macro_rules! out {
+    ($($t:tt)*) => { $crate::cli::out::print(format_args!($($t)*)) };
+}
+
+/// `println!` through `out::print`.
+macro_rules! outln {
+    () => { $crate::cli::out::print(format_args!("\n")) };
+    ($($t:tt)*) => { $crate::cli::out::print(format_args!("{}\n", format_args!($($t)*))) };
+}
+
+/// `eprintln!` through `out::eprint`.
+macro_rules! errln {
+    ($($t:tt)*) => { $crate::cli::out::eprint(format_args!("{}\n", format_args!($($t)*))) };
+}
+
 mod adopt;
 mod agent;
 mod gc;
 mod inject;
 mod list;
+mod out;
 mod replay_flags;
 mod verify;
 
@@ -86,9 +103,11 @@ pub fn main() -> i32 {
         Cmd::Agent(a) => agent::run(a),
     };
     match result {
-        Ok(code) => code,
+        Ok(code) => out::exit_status(code),
+        // An error from writing stdout is the reader gone: quiet, as a closed pipe is.
+        Err(_) if out::stdout_closed() => out::PIPE_CLOSED,
         Err(e) => {
-            eprintln!("cni-ledger: {e:#}");
+            errln!("cni-ledger: {e:#}");
             2
         }
     }
@@ -112,7 +131,7 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
             *w = (*w).max(display_width(cell));
         }
     }
-    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut out = std::io::BufWriter::new(out::Stdout);
     let mut line = String::new();
     let mut emit = |row: &[&str]| {
         line.clear();

@@ -66,27 +66,27 @@ pub fn run(args: Args) -> Result<i32> {
         }
     }
     for missing in referenced.iter().filter(|h| !hashes.contains(h)) {
-        println!("note: snapshot {missing} is referenced but missing (gc falls back to the libcni cache or the conflist)");
+        outln!("note: snapshot {missing} is referenced but missing (gc falls back to the libcni cache or the conflist)");
     }
     let leftovers = ledger.temp_files().len();
     let quarantined = std::fs::read_dir(ledger.quarantine_dir())
         .map(|rd| rd.count())
         .unwrap_or(0);
     for p in &problems {
-        println!("damaged: {p}");
+        outln!("damaged: {p}");
     }
     if retired > 0 {
-        println!("note: {retired} retired record(s): set aside by a DEL or GC while their ADD was in the chain (gc acts on them)");
+        outln!("note: {retired} retired record(s): set aside by a DEL or GC while their ADD was in the chain (gc acts on them)");
     }
     for n in &newer {
-        println!("newer: {n}");
+        outln!("newer: {n}");
     }
     // The count of newer ones only when there are some: the line stays as it always was.
     let newer = match newer.len() {
         0 => String::new(),
         n => format!(", {n} newer-format record(s) (not damage)"),
     };
-    println!(
+    outln!(
         "{records} record(s){newer}, {} snapshot(s), {} damaged, {quarantined} in quarantine, {leftovers} temporary file(s)",
         hashes.len(),
         problems.len()

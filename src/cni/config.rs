@@ -262,17 +262,31 @@ pub fn check_paths_for_add(conf: &NetConf) -> Result<(), CniError> {
     ];
     for (key, path) in paths {
         if let Some(p) = path.filter(|p| !p.is_absolute()) {
-            return Err(CniError::new(
-                error::INVALID_NETWORK_CONFIG,
-                "invalid cni-ledger configuration",
-                format!(
-                    "{key} must be an absolute path, not {:?}",
-                    p.display().to_string()
-                ),
-            ));
+            return Err(bad_path(key, p, "an absolute path"));
         }
     }
+    // The ledger makes records/, locks/, snapshots/ … in its dir: `/` (a typo, or a
+    // template's empty variable) would scatter them over the node's root, and a `..`
+    // names one place here and another through a symlink, where gc reads none of it.
+    let dir = &conf.ledger_dir;
+    if dir.parent().is_none() {
+        return Err(bad_path("ledgerDir", dir, "a directory of its own"));
+    }
+    if dir
+        .components()
+        .any(|c| c == std::path::Component::ParentDir)
+    {
+        return Err(bad_path("ledgerDir", dir, "a path without \"..\""));
+    }
     Ok(())
+}
+
+fn bad_path(key: &str, p: &std::path::Path, must: &str) -> CniError {
+    CniError::new(
+        error::INVALID_NETWORK_CONFIG,
+        "invalid cni-ledger configuration",
+        format!("{key} must be {must}, not {:?}", p.display().to_string()),
+    )
 }
 
 /// Refuses a number above its documented maximum (error 7, naming the key).

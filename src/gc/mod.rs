@@ -399,15 +399,10 @@ fn scan_retired(
                     reason: format!("{}: {}", d.reason, d.detail),
                     quarantined_to: None,
                 };
+                // As damaged records are: a FIFO, directory or non-UTF-8 name too.
                 if !opts.dry_run {
-                    if let Ok(Some(lock)) = ledger.lock(&d.stem, crate::ledger::Wait::No) {
-                        if let Ok(Some(Decoded::Damaged(..))) = ledger.read_retired(&d.stem) {
-                            if let Quarantine::Moved(to) =
-                                ledger.quarantine_held(&lock, &d, "gc: retired")
-                            {
-                                out.quarantined_to = Some(to.display().to_string());
-                            }
-                        }
+                    if let Quarantine::Moved(to) = ledger.quarantine_retired(&d, "gc: retired") {
+                        out.quarantined_to = Some(to.display().to_string());
                     }
                 }
                 report.damaged.push(out);

@@ -47,6 +47,22 @@ impl Ledger {
     /// is still damaged: a concurrent ADD may have just replaced it with a good record.
     /// Logs what became of it, after `who` (`gc:`, `list:`).
     pub fn quarantine_damaged(&self, d: &Damaged, who: &str) -> Quarantine {
+        self.quarantine_checked(d, who, |stem| self.read(stem))
+    }
+
+    /// `quarantine_damaged` for an entry of `retired/` (`d.path` is there): re-read
+    /// there, so that a FIFO, directory or non-UTF-8 name set aside is moved once too,
+    /// not reported as damage on every gc run.
+    pub fn quarantine_retired(&self, d: &Damaged, who: &str) -> Quarantine {
+        self.quarantine_checked(d, who, |stem| self.read_retired(stem))
+    }
+
+    fn quarantine_checked(
+        &self,
+        d: &Damaged,
+        who: &str,
+        reread: impl FnOnce(&str) -> Result<Option<Decoded>>,
+    ) -> Quarantine {
         // A file without a record's name stands for no key: no lock guards it and no
         // writer can make it good. (Read as a key, it would seem replaced, forever.)
         if d.reason == DamageReason::ForeignFile {
@@ -61,7 +77,7 @@ impl Ledger {
         let q = match self.lock(&d.stem, Wait::No) {
             Ok(Some(_lock)) => match self.still_not_a_file(d) {
                 Some(q) => q,
-                None => match self.read(&d.stem) {
+                None => match reread(&d.stem) {
                     Ok(Some(Decoded::Damaged(..))) => moved(self.quarantine(&d.path)),
                     // Unreadable now is no proof of damage: it stays, for the next run.
                     Err(e) => Quarantine::Failed(e),

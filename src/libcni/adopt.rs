@@ -147,6 +147,8 @@ pub fn run(opts: &Options) -> Result<Report> {
     }
     let boot = sandbox::boot_id().context("reading the boot ID")?;
     let booted_at = crate::time::boot_began()?;
+    // One search of the node per run, made only if an entry's path shows no namespace.
+    let node = sandbox::holders::NodeIndex::new();
     let mut recorded = None;
     for path in files {
         let entry = match cache::read_entry(&path) {
@@ -205,8 +207,12 @@ pub fn run(opts: &Options) -> Result<Report> {
                 missing_plugins.join(", ")
             );
         }
-        let rec = record_for(&entry, &boot, booted_at, &cni_path);
-        let reason = sandbox::liveness(&rec.boot_id, &rec.netns, rec.netns_id, &boot).reason;
+        let rec = record_for(&entry, &boot, booted_at, &cni_path, &node);
+        // As gc will judge it: a pod pinned in another mount namespace is live.
+        let reason =
+            sandbox::liveness_on_node(&rec.boot_id, &rec.netns, rec.netns_id, &boot, &node)
+                .0
+                .reason;
         let action = if opts.dry_run {
             AdoptAction::WouldAdopt
         } else {
@@ -443,7 +449,13 @@ fn cni_path_among(
 }
 
 /// The record an adoption makes; judged by the same rules as every other record.
-pub fn record_for(entry: &CacheEntry, boot: &str, booted_at: i64, cni_path: &str) -> Record {
+pub fn record_for(
+    entry: &CacheEntry,
+    boot: &str,
+    booted_at: i64,
+    cni_path: &str,
+    node: &sandbox::holders::NodeIndex,
+) -> Record {
     let (netns_id, boot_id) = if entry.netns.is_empty() {
         // No namespace to look at: the file's date is the only evidence of its boot,
         // against the earliest the boot can have begun (`boot_began`). The earlier
@@ -459,8 +471,14 @@ pub fn record_for(entry: &CacheEntry, boot: &str, booted_at: i64, cni_path: &str
         // Whatever namespace is at the path now is this boot's and taken as the
         // attachment's (the same probe ADD records); nothing there leaves no identity
         // and the path missing; a path that cannot be examined is judged live later.
+        // A path that shows nothing here may be a mount in the runtime's own mount
+        // namespace: its identity is taken there, so gc can find the pod by it.
         match sandbox::probe(&entry.netns) {
             Probe::Namespace(id) => (Some(id), boot.to_string()),
+            Probe::Missing | Probe::NotNamespace => (
+                node.mounted_at(&entry.netns).map(|(id, _)| id),
+                boot.to_string(),
+            ),
             _ => (None, boot.to_string()),
         }
     };
@@ -558,6 +576,10 @@ mod tests {
         }
     }
 
+    fn node() -> sandbox::holders::NodeIndex {
+        sandbox::holders::NodeIndex::new()
+    }
+
     fn judged(rec: &Record) -> Option<&'static str> {
         sandbox::liveness(&rec.boot_id, &rec.netns, rec.netns_id, "b")
             .reason
@@ -568,15 +590,33 @@ mod tests {
     fn liveness_rules_of_adoption() {
         // No netns: the file's date against the boot's start.
         assert_eq!(
-            judged(&record_for(&entry("", 99), "b", 100, "/opt/cni/bin")),
+            judged(&record_for(
+                &entry("", 99),
+                "b",
+                100,
+                "/opt/cni/bin",
+                &node()
+            )),
             Some("boot-changed")
         );
         assert_eq!(
-            judged(&record_for(&entry("", 100), "b", 100, "/opt/cni/bin")),
+            judged(&record_for(
+                &entry("", 100),
+                "b",
+                100,
+                "/opt/cni/bin",
+                &node()
+            )),
             None
         );
         // A netns path: what is there now is its identity.
-        let live = record_for(&entry("/proc/self/ns/net", 1), "b", 100, "/opt/cni/bin");
+        let live = record_for(
+            &entry("/proc/self/ns/net", 1),
+            "b",
+            100,
+            "/opt/cni/bin",
+            &node(),
+        );
         assert!(live.netns_id.is_some());
         assert_eq!(judged(&live), None);
         let gone = record_for(
@@ -584,6 +624,7 @@ mod tests {
             "b",
             100,
             "/opt/cni/bin",
+            &node(),
         );
         assert_eq!(judged(&gone), Some("netns-missing"));
         assert_eq!(gone.source, Some(RecordSource::Adopted));
@@ -605,7 +646,7 @@ mod tests {
         let mut e = entry("", 100);
         e.path = root.join("results").join("pods-abc-eth0");
         let key = Key::new(&e.network, &e.container_id, &e.ifname);
-        let rec = record_for(&e, "b", 100, "/opt/cni/bin");
+        let rec = record_for(&e, "b", 100, "/opt/cni/bin", &node());
         assert!(!e.path.exists());
         assert_eq!(create(&ledger, &key, &rec, &e).unwrap(), AdoptAction::Gone);
         assert!(ledger.read(&key.stem()).unwrap().is_none());

@@ -82,6 +82,16 @@ impl View {
         crate::chain::classify(self.tail, self.chain.as_ref(), age_secs, left_after_secs)
     }
 
+    /// Whether its ADD may still be in the chain, as `chain::may_complete` judges a
+    /// record: a tail expected and not completed, this boot, younger than `left_after`.
+    pub fn may_complete(&self, now: &Now, left_after_secs: u64) -> bool {
+        self.tail
+            && !self.completed()
+            && self.boot_id == now.boot_id
+            && !matches!(self.age_secs(now),
+                Some(age) if age >= 0 && age.unsigned_abs() >= left_after_secs)
+    }
+
     /// A chain with a tail whose ADD never completed, no DEL begun, older than `left_after`.
     pub fn failed_left(&self, now: &Now, left_after_secs: u64) -> bool {
         self.state(self.age_secs(now), left_after_secs) == State::FailedLeft

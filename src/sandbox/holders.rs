@@ -2,9 +2,10 @@
 //!
 //! A runtime in a mount namespace of its own (`MountFlags=slave`, `PrivateMounts`, a
 //! snap, a nested node) pins `/run/netns/<name>` with a mount that gc's mount namespace
-//! never sees: the path is missing, or is the empty file the bind mount covers. The pod's
+//! never sees: the path is missing, is the empty file the bind mount covers, or shows the
+//! node's own namespace mounted at the same path. The pod's
 //! namespace is alive all the same, held by its processes or by that mount. So before a
-//! record of this boot is judged missing or not a namespace, the node is searched: every
+//! record of this boot is judged missing, not a namespace or replaced, the node is searched: every
 //! process's `ns/net`, and the nsfs mounts of every mount namespace (each `mountinfo`
 //! read once). A match of device and inode is confirmed by the recorded cookie through a
 //! path that reaches the namespace; a cookie that cannot be read errs towards live.
@@ -71,6 +72,10 @@ type Key = (u64, u64);
 #[derive(Default)]
 struct Index {
     holders: HashMap<Key, Vec<Holder>>,
+    /// nsfs mounts by mount point (as each mount namespace shows it), kept apart from
+    /// `holders` so that a namespace's processes never crowd its mounts out: a record
+    /// with no recorded identity can be found only by its path.
+    mounts: HashMap<String, Vec<(Key, u32)>>,
 }
 
 impl Index {
@@ -79,6 +84,14 @@ impl Index {
         if v.len() < HOLDERS_PER_NS {
             v.push(holder);
         }
+    }
+
+    fn add_mount(&mut self, key: Key, pid: u32, mount_point: String) {
+        let v = self.mounts.entry(mount_point.clone()).or_default();
+        if v.len() < HOLDERS_PER_NS && !v.iter().any(|(k, _)| *k == key) {
+            v.push((key, pid));
+        }
+        self.add(key, Holder::Mount { pid, mount_point });
     }
 }
 
@@ -146,6 +159,42 @@ impl NodeIndex {
         [build_main(&self.proc), build_threads(&self.proc)]
             .iter()
             .find_map(|fresh| self.confirm_any(fresh, id).0)
+    }
+
+    /// A network namespace mounted at `path` in some mount namespace on the node, with
+    /// its identity read through that mount now: for a record that has no recorded
+    /// identity (an adopted attachment whose path gc's mount namespace cannot see). The
+    /// path alone is weaker than an identity: a mount another mount namespace made at the
+    /// same path would be taken for it, which keeps a record (a leak), never frees one.
+    pub fn mounted_at(&self, path: &str) -> Option<(NsId, Holder)> {
+        let main = self.main.get_or_init(|| build_main(&self.proc));
+        // mountinfo shows the path resolved: containerd names `/var/run/netns/cni-…`,
+        // and `/var/run` is a link to `/run` on every current distribution.
+        let (mount_point, mounts) = std::iter::once(path.to_string())
+            .chain(
+                path.strip_prefix("/var/run/")
+                    .map(|rest| format!("/run/{rest}")),
+            )
+            .find_map(|p| main.mounts.get(&p).map(|m| (p, m)))?;
+        mounts.iter().find_map(|&(key, pid)| {
+            let holder = Holder::Mount {
+                pid,
+                mount_point: mount_point.clone(),
+            };
+            let through = holder.path(&self.proc);
+            let super::Probe::Namespace(id) = super::probe(&through.to_string_lossy()) else {
+                return None;
+            };
+            // Still the mount the index saw; its start time is the holder's, not the
+            // attachment's (the recorded path is no /proc path).
+            ((id.dev, id.ino) == key).then_some((
+                NsId {
+                    pid_start: None,
+                    ..id
+                },
+                holder,
+            ))
+        })
     }
 
     /// The first holder with the recorded device and inode that is the recorded namespace
@@ -271,7 +320,7 @@ fn build_main(proc: &Path) -> Index {
             continue;
         };
         for (key, mount_point) in nsfs_net_mounts(&text) {
-            index.add(key, Holder::Mount { pid, mount_point });
+            index.add_mount(key, pid, mount_point);
         }
     }
     index

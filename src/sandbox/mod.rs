@@ -166,7 +166,7 @@ pub enum Evidence {
     /// Neither the path nor the directory that would hold it can be seen from here: not
     /// the node's view, so no evidence (live, not verified).
     Unseen,
-    /// The path shows nothing or no namespace, but a process or a mount elsewhere on the
+    /// The path shows nothing, no namespace or another one, but a process or a mount elsewhere on the
     /// node holds the recorded namespace (`sandbox::holders`): live, not verified.
     Held,
     /// The runtime's valid list does not name the attachment.
@@ -298,8 +298,8 @@ pub fn liveness(
     }
 }
 
-/// `liveness`, and for a record of this boot whose path shows nothing or no namespace
-/// (rules 2 and 3), a search of the node for the recorded namespace first: a process or
+/// `liveness`, and for a record of this boot whose path shows nothing, no namespace or
+/// another namespace (rules 2 and 3), a search of the node for the recorded namespace first: a process or
 /// a mount in another mount namespace (a runtime with private mounts) that holds it
 /// makes it live, with the holder to show (DESIGN §5).
 pub fn liveness_on_node(
@@ -310,11 +310,21 @@ pub fn liveness_on_node(
     node: &holders::NodeIndex,
 ) -> (Liveness, Option<holders::Holder>) {
     let l = liveness(record_boot, netns, recorded, current_boot);
-    let (Some(Reason::NetnsMissing | Reason::NetnsNotNamespace), Some(id)) = (l.reason, recorded)
-    else {
+    // Another namespace at the path is searched for too: a runtime with private mounts
+    // pins the pod there while the node's path holds some other namespace.
+    if !matches!(
+        l.reason,
+        Some(Reason::NetnsMissing | Reason::NetnsNotNamespace | Reason::NetnsReplaced)
+    ) {
         return (l, None);
+    }
+    let holder = match recorded {
+        Some(id) => node.find(&id),
+        // No identity to search by (an adopted attachment whose path was not seen from
+        // here): a namespace mounted at its path elsewhere is taken for it.
+        None => node.mounted_at(netns).map(|(_, h)| h),
     };
-    match node.find(&id) {
+    match holder {
         Some(holder) => (Liveness::live(Evidence::Held), Some(holder)),
         None => (l, None),
     }
