@@ -79,6 +79,37 @@ pub fn move_to(conn: &mut Conn, index: u32, target_ns: RawFd, name: &str) -> io:
         .map(|_| ())
 }
 
+/// The request that sets link `index` (of the socket's namespace): its name when
+/// given (the link must be down), its MTU when given, and up or down.
+pub fn set_request(index: u32, name: Option<&str>, mtu: Option<u32>, up: bool) -> Vec<u8> {
+    use netlink_packet_route::link::LinkFlags;
+    let mut link = LinkMessage::default();
+    link.header.index = index;
+    link.header.change_mask = LinkFlags::Up;
+    link.header.flags = if up {
+        LinkFlags::Up
+    } else {
+        LinkFlags::empty()
+    };
+    if let Some(n) = name {
+        link.attributes.push(LinkAttribute::IfName(n.to_string()));
+    }
+    if let Some(m) = mtu {
+        link.attributes.push(LinkAttribute::Mtu(m));
+    }
+    encode(RTM_SETLINK, NLM_F_REQUEST | NLM_F_ACK, &link)
+}
+
+pub fn set(
+    conn: &mut Conn,
+    index: u32,
+    name: Option<&str>,
+    mtu: Option<u32>,
+    up: bool,
+) -> io::Result<()> {
+    conn.request(set_request(index, name, mtu, up)).map(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
