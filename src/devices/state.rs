@@ -112,6 +112,9 @@ pub fn restore(name: &str, rename_from: Option<&str>, was: &HostLink) -> Result<
     let index = read_num(&Path::new("/sys/class/net").join(current).join("ifindex"))
         .ok_or_else(|| format!("{current} is not on the host"))?;
     let mut conn = link::open().map_err(|e| format!("rtnetlink: {e}"))?;
+    if rename_from.is_some() {
+        drop_own_altname(&mut conn, index, name);
+    }
     link::set(
         &mut conn,
         index,
@@ -132,6 +135,13 @@ pub fn restore(name: &str, rename_from: Option<&str>, was: &HostLink) -> Result<
         mtu: was.mtu,
         up: was.up,
     })
+}
+
+/// udev made `name` an altname of the returned link itself (it does for a NIC back on
+/// the host under another name): it must go before the link can take it as its name.
+/// The request names the link, so only its own altname can go; none is no error.
+fn drop_own_altname(conn: &mut super::nl::Conn, index: u32, name: &str) {
+    let _ = conn.request(link::del_altname_request(index, name));
 }
 
 /// A device gc gave back after the fact.
@@ -239,6 +249,7 @@ fn restore_name_only(name: &str, rename_from: Option<&str>) -> Result<(), String
     let index = read_num(&Path::new("/sys/class/net").join(from).join("ifindex"))
         .ok_or_else(|| format!("{from} is not on the host"))?;
     let mut conn = link::open().map_err(|e| format!("rtnetlink: {e}"))?;
+    drop_own_altname(&mut conn, index, name);
     link::set(&mut conn, index, Some(name), None, false)
         .map_err(|e| format!("renaming {from} to {name}: {e}"))
 }
@@ -410,6 +421,18 @@ mod tests {
         // IFLA_MTU (4) = 1500 after the padded name.
         assert_eq!(attrs[12..16], [8, 0, 4, 0]);
         assert_eq!(u32::from_ne_bytes(attrs[16..20].try_into().unwrap()), 1500);
+    }
+
+    #[test]
+    fn del_altname_request_layout() {
+        let b = link::del_altname_request(5, "ens9");
+        // RTM_DELLINKPROP (109); IFLA_PROP_LIST (52, nested) holding IFLA_ALT_IFNAME (53).
+        assert_eq!(u16::from_ne_bytes([b[4], b[5]]), 109);
+        assert_eq!(i32::from_ne_bytes(b[20..24].try_into().unwrap()), 5);
+        let attrs = &b[32..];
+        assert_eq!(u16::from_ne_bytes([attrs[2], attrs[3]]), 52 | 0x8000);
+        assert_eq!(u16::from_ne_bytes([attrs[6], attrs[7]]), 53);
+        assert_eq!(&attrs[8..13], b"ens9\0");
     }
 
     #[test]

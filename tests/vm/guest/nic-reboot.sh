@@ -8,7 +8,7 @@ set -eux
 
 out=/mnt/out
 L=/opt/cni/bin/cni-ledger
-links() { ip -o link show | sed 's/^[0-9]*: //'; ip -o addr show | sed 's/^[0-9]*: //'; }
+links() { ip -o link show | sed 's/^[0-9]*: //'; ip -o -4 addr show | sed 's/^[0-9]*: //'; }
 links >"$out/b3-links-before.txt"
 rc=0
 "$L" gc --ledger-dir /var/lib/cni-ledger-nic --grace 0 --json --cni-cache-dir /var/lib/cni-nic \

@@ -39,7 +39,8 @@ echo "$bus" >"$out/nic-bus.txt"
 ip addr add 198.18.90.1/24 dev "$PRIMARY"
 ip link set "$PRIMARY" up
 ip link set "$NIC" mtu 1500 up
-primary_state() { ip -o link show "$PRIMARY" | sed 's/^[0-9]*: //'; ip -o addr show dev "$PRIMARY" | sed 's/^[0-9]*: //'; }
+# Its link and IPv4 address (IPv6 DAD flags change by themselves as time passes).
+primary_state() { ip -o link show "$PRIMARY" | sed 's/^[0-9]*: //'; ip -o -4 addr show dev "$PRIMARY" | sed 's/^[0-9]*: //'; }
 primary_state >"$out/primary-before.txt"
 
 # The NIC's name now, found by its bus address (the kernel may have renamed it).
@@ -56,7 +57,7 @@ nic_state() {
 	n=$(nic_name) || { echo "absent"; return 0; }
 	f=$(cat "/sys/class/net/$n/flags")
 	if [ $((f & 1)) -eq 1 ]; then up=up; else up=down; fi
-	echo "name=$n mtu=$(cat "/sys/class/net/$n/mtu") state=$up"
+	echo "name=$n mtu=$(cat "/sys/class/net/$n/mtu") state=$up altnames=$(ip -o link show "$n" | sed -n 's/.*altname //p' | tr ' ' ',')"
 }
 # The kernel returns a NIC some time after its namespace's last reference went.
 wait_nic_back() {
@@ -71,6 +72,8 @@ wait_nic_back() {
 reset_nic() {
 	n=$(nic_name)
 	ip link set "$n" down
+	# udev gave the returned NIC its boot name as an altname: it must go first.
+	[ "$n" = "$NIC" ] || ip link property del dev "$n" altname "$NIC" 2>/dev/null || true
 	[ "$n" = "$NIC" ] || ip link set "$n" name "$NIC"
 	ip link set "$NIC" mtu 1500 up
 }
