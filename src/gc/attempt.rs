@@ -287,6 +287,10 @@ fn del_chain(
         }
         _ => {}
     }
+    // The host's device state kept at ADD is of no more use once DEL has run.
+    if spec.is_some() {
+        crate::devices::state::forget(ledger, &key);
+    }
     for o in &outcomes {
         match &o.result {
             DelResult::Done => crate::info!("gc: {key}: {} DEL ok", o.plugin_type),
