@@ -856,8 +856,8 @@ fn check_nic_at_del(out: &Path) {
     assert!(
         log.lines().any(|l| l.contains("nic-nri-ret")
             && l.contains("returned netdev net1")
-            && !l.contains("name recorded at ADD")),
-        "NRI placement: named from the device\n{log}"
+            && l.contains(&format!("as {nic} (by hotplug slot)"))),
+        "NRI placement: named from the device, as udev named it at boot\n{log}"
     );
     // RDMA: what the kernel allowed, printed; the ledger's DEL in exclusive mode
     // succeeded and moved nothing it could not.
@@ -961,9 +961,8 @@ fn check_nic_after_the_fact(out: &Path) {
 /// Boot 3: the NIC booted on the host; gc replays the attachment and renames nothing.
 fn check_nic_across_the_reboot(out: &Path) {
     let (nic, _) = nic_names(out);
-    let gc: Value = serde_json::from_str(&read(&out.join("b3-nic-gc.json"))).unwrap_or_else(|e| {
-        panic!("boot 3 gc: {e}\n{}", read(&out.join("b3-nic-gc.err")))
-    });
+    let gc: Value = serde_json::from_str(&read(&out.join("b3-nic-gc.json")))
+        .unwrap_or_else(|e| panic!("boot 3 gc: {e}\n{}", read(&out.join("b3-nic-gc.err"))));
     println!("FIGURE vm NIC across the reboot: gc {}", gc["records"]);
     assert_eq!(read(&out.join("b3-nic-gc.rc")).trim(), "0", "{gc}");
     assert!(
@@ -975,7 +974,10 @@ fn check_nic_across_the_reboot(out: &Path) {
         "boot 3's gc replayed the NIC's attachment and gave back no device: {gc}"
     );
     let before = read(&out.join("b3-links-before.txt"));
-    assert!(before.contains(&format!(" {nic}:")) || before.contains(&format!("{nic}:")), "{before}");
+    assert!(
+        before.contains(&format!(" {nic}:")) || before.contains(&format!("{nic}:")),
+        "{before}"
+    );
     assert_eq!(
         before,
         read(&out.join("b3-links-after.txt")),

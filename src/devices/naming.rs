@@ -168,16 +168,19 @@ mod tests {
         // A virtio NIC in QEMU's hotplug slot 9: udev names it ens9, not enp0s9.
         let mut l = link("net1", Some("cni0"), Some("0000:00:09.0"));
         l.pci_slot = Some(9);
-        assert_eq!(
-            choose(&l, None, &taken(&[])),
-            ("ens9".into(), Source::Slot)
-        );
+        assert_eq!(choose(&l, None, &taken(&[])), ("ens9".into(), Source::Slot));
         assert_eq!(
             choose(&l, None, &taken(&["ens9"])),
             ("enp0s9".into(), Source::BusAddress)
         );
-        assert_eq!(from_slot("0000:03:00.1", 4, false, 0).as_deref(), Some("ens4f1"));
-        assert_eq!(from_slot("0001:03:00.0", 4, true, 2).as_deref(), Some("enP1s4f0d2"));
+        assert_eq!(
+            from_slot("0000:03:00.1", 4, false, 0).as_deref(),
+            Some("ens4f1")
+        );
+        assert_eq!(
+            from_slot("0001:03:00.0", 4, true, 2).as_deref(),
+            Some("enP1s4f0d2")
+        );
     }
 
     #[test]

@@ -43,8 +43,7 @@ fn pci_slot(slots: &Path, addr: &str) -> Option<u32> {
     let (prefix, _) = addr.rsplit_once('.')?;
     std::fs::read_dir(slots).ok()?.flatten().find_map(|e| {
         let n: u32 = e.file_name().to_str()?.parse().ok()?;
-        (n > 0 && read_trimmed(&e.path().join("address")).as_deref() == Some(prefix))
-            .then_some(n)
+        (n > 0 && read_trimmed(&e.path().join("address")).as_deref() == Some(prefix)).then_some(n)
     })
 }
 
@@ -294,7 +293,11 @@ mod tests {
         let t = pod();
         // Firmware's slot 3 holds 0000:00:03; slot 0 and a name that is no number never
         // count (udev's net_id skips them too).
-        for (slot, addr) in [("3", "0000:00:03"), ("0", "0000:03:00"), ("x", "0000:03:02")] {
+        for (slot, addr) in [
+            ("3", "0000:00:03"),
+            ("0", "0000:03:00"),
+            ("x", "0000:03:02"),
+        ] {
             let d = t.root.join("bus/pci/slots").join(slot);
             std::fs::create_dir_all(&d).unwrap();
             std::fs::write(d.join("address"), format!("{addr}\n")).unwrap();

@@ -440,13 +440,21 @@ mod tests {
         let root = std::env::temp_dir().join(format!("cl-state-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         let net = root.join("class/net");
-        for (n, hw, mtu, flags) in [("eth0", true, "1500", "0x1003"), ("veth1", false, "1500", "0x1003"), ("enp0s5", true, "9000", "0x1002")] {
+        for (n, hw, mtu, flags) in [
+            ("eth0", true, "1500", "0x1003"),
+            ("veth1", false, "1500", "0x1003"),
+            ("enp0s5", true, "9000", "0x1002"),
+        ] {
             let d = net.join(n);
             std::fs::create_dir_all(&d).unwrap();
             std::fs::write(d.join("mtu"), format!("{mtu}\n")).unwrap();
             std::fs::write(d.join("flags"), format!("{flags}\n")).unwrap();
             if hw {
-                std::os::unix::fs::symlink(format!("../../devices/pci0000:00/bus-{n}"), d.join("device")).unwrap();
+                std::os::unix::fs::symlink(
+                    format!("../../devices/pci0000:00/bus-{n}"),
+                    d.join("device"),
+                )
+                .unwrap();
             }
         }
         let s = snapshot(&net);
@@ -454,8 +462,18 @@ mod tests {
         assert_eq!(
             s,
             vec![
-                HostLink { name: "enp0s5".into(), bus_address: "bus-enp0s5".into(), mtu: 9000, up: false },
-                HostLink { name: "eth0".into(), bus_address: "bus-eth0".into(), mtu: 1500, up: true },
+                HostLink {
+                    name: "enp0s5".into(),
+                    bus_address: "bus-enp0s5".into(),
+                    mtu: 9000,
+                    up: false
+                },
+                HostLink {
+                    name: "eth0".into(),
+                    bus_address: "bus-eth0".into(),
+                    mtu: 1500,
+                    up: true
+                },
             ]
         );
     }

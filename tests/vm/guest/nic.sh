@@ -148,6 +148,7 @@ pod() { # CASE NET PLACEMENT MODE(del|nodel)
 }
 
 # --- RDMA first: the netns mode can only change while no other namespace exists.
+set +x
 {
 	echo "rdma-tool=$(command -v rdma || echo none)"
 	modprobe rdma_rxe && echo "modprobe=ok" || echo "modprobe=failed"
@@ -160,6 +161,7 @@ pod() { # CASE NET PLACEMENT MODE(del|nodel)
 	echo "dev-after: $(rdma dev show 2>&1 | tr '\n' ' ')"
 	echo "in-pod: $(ip netns exec rdmapod rdma dev show 2>&1 | tr '\n' ' ')"
 } >"$out/rdma.txt" 2>&1 || true
+set -x
 cat "$out/rdma.txt" >/dev/console
 # The ledger's RDMA side, in exclusive mode, on a pod namespace: a DEL with
 # returnDevices finds no RDMA device bound there (the kernel refused the move).
