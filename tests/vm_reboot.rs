@@ -35,6 +35,16 @@
 //! at boot with that CNI_PATH: its address, DNAT rules (restored at boot again) and
 //! libcni cache file are gone, its record too, and the unit's exit status is 0.
 //!
+//! A real NIC, on the way (no boot of its own): the guest has two more virtio-net NICs,
+//! each alone on a QEMU hub. At the end of boot 2 (`tests/vm/guest/nic.sh`) a driver
+//! stand-in moves one into a pod as dranet does, and libcni stops the pod in CRI-O's
+//! order (DEL, netns removed, then the driver's hook): with `returnDevices` the NIC is
+//! back under its boot name, MTU and up; without it (control) the kernel's `net1`, down.
+//! Both placements (a plugin of the chain; a hook after it), the namespace removed with
+//! no DEL and gc giving the NIC back, RDMA as far as Soft-RoCE allows, the primary NIC
+//! untouched; an attachment left holding the NIC is replayed by gc in boot 3
+//! (`nic-reboot.sh`), which must rename nothing.
+//!
 //! The disk is a qcow2 overlay with cache=writeback. SIGKILL of qemu is a power cut
 //! of the guest: its RAM and page cache are gone, while whatever it had handed to its
 //! disk is already in the host's file (qemu keeps no data of its own, and the host's
