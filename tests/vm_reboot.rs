@@ -959,6 +959,39 @@ fn check_nic_after_the_fact(out: &Path) {
             assert!(rec["devices"].is_null(), "{gc}");
         }
     }
+    // Debian's host-device as the chained driver. At DEL (CRI-O's order) its own DEL
+    // moves the NIC out before the ledger's runs, under the alias the pod rewrote: what
+    // it does is printed, and the NIC must be on the host. With no DEL, gc gives it back.
+    let hd = read(&out.join("nic-hd-del.txt"));
+    println!(
+        "FIGURE vm NIC host-device in the chain, CRI-O's order: {} (in the pod: {})",
+        hd.trim(),
+        read(&out.join("nic-hd-del-inpod.txt")).trim()
+    );
+    assert_eq!(read(&out.join("nic-hd-del-del.rc")).trim(), "0");
+    assert!(
+        hd.starts_with("name="),
+        "host-device's DEL left the NIC off the host: {hd}"
+    );
+    println!(
+        "FIGURE vm NIC host-device, netns removed with no DEL: {}; after gc: {}",
+        read(&out.join("nic-hd-fact-before-gc.txt")).trim(),
+        read(&out.join("nic-hd-fact.txt")).trim()
+    );
+    assert_eq!(
+        read(&out.join("nic-hd-fact-gc.rc")).trim(),
+        "0",
+        "gc (host-device): {}\n{}",
+        read(&out.join("nic-hd-fact-gc.json")),
+        read(&out.join("nic-hd-fact-gc.err"))
+    );
+    assert_eq!(
+        nic_state(out, "hd-fact"),
+        (nic.clone(), "1500".into(), "up".into()),
+        "gc gave back the NIC host-device had moved: {}",
+        read(&out.join("nic-hd-fact-gc.err"))
+    );
+
     // The attachment left holding the NIC at poweroff, for boot 3.
     assert!(
         json_file(&out.join("nic-boot-list.json"))

@@ -103,9 +103,12 @@ esac
 SH
 chmod 0755 /opt/cni/bin/vm-nicdrv
 
-conflist() { # NAME RETURN(true|false) PLACEMENT(chain|nri)
-	drv=''
-	[ "$3" = nri ] || drv='{ "type": "vm-nicdrv" },'
+conflist() { # NAME RETURN(true|false) PLACEMENT(chain|nri|hd)
+	case $3 in
+	nri) drv='' ;;
+	hd) drv="{ \"type\": \"host-device\", \"device\": \"$NIC\" }," ;;
+	*) drv='{ "type": "vm-nicdrv" },' ;;
+	esac
 	cat >"$CONF/$1.conflist" <<JSON
 { "cniVersion": "1.0.0", "name": "$1",
   "plugins": [
@@ -119,6 +122,7 @@ conflist nic-chain-ret true chain
 conflist nic-chain-ctl false chain
 conflist nic-nri-ret true nri
 conflist nic-nri-ctl false nri
+conflist nic-hd-ret true hd
 
 drive() { # add|del NET CID NETNS-NAME
 	"$D" "$1" --conf-dir "$CONF" --net "$2" --cid "$3" --ifname net1 \
@@ -201,6 +205,22 @@ for c in ret ctl; do
 	cat "$out/nic-fact-$c.txt" >/dev/console
 	reset_nic
 done
+
+# --- Debian's host-device as the chained driver: at DEL its own DEL moves the NIC out
+# first (named after the alias, which the pod rewrote); with no DEL, gc gives it back.
+pod hd-del nic-hd-ret hd del
+wait_nic_back
+nic_state >"$out/nic-hd-del.txt"
+reset_nic
+pod hd-fact nic-hd-ret hd nodel
+wait_nic_back
+nic_state >"$out/nic-hd-fact-before-gc.txt"
+rc=0
+"$L" gc --ledger-dir "$NL" --network nic-hd-ret --grace 0 --json --cni-cache-dir "$NC" \
+	>"$out/nic-hd-fact-gc.json" 2>"$out/nic-hd-fact-gc.err" || rc=$?
+echo "$rc" >"$out/nic-hd-fact-gc.rc"
+nic_state >"$out/nic-hd-fact.txt"
+reset_nic
 
 primary_state >"$out/primary-after.txt"
 
