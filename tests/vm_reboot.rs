@@ -35,6 +35,16 @@
 //! at boot with that CNI_PATH: its address, DNAT rules (restored at boot again) and
 //! libcni cache file are gone, its record too, and the unit's exit status is 0.
 //!
+//! A real NIC, on the way (no boot of its own): the guest has two more virtio-net NICs,
+//! each alone on a QEMU hub. At the end of boot 2 (`tests/vm/guest/nic.sh`) a driver
+//! stand-in moves one into a pod as dranet does, and libcni stops the pod in CRI-O's
+//! order (DEL, netns removed, then the driver's hook): with `returnDevices` the NIC is
+//! back under its boot name, MTU and up; without it (control) the kernel's `net1`, down.
+//! Both placements (a plugin of the chain; a hook after it), the namespace removed with
+//! no DEL and gc giving the NIC back, RDMA as far as Soft-RoCE allows, the primary NIC
+//! untouched; an attachment left holding the NIC is replayed by gc in boot 3
+//! (`nic-reboot.sh`), which must rename nothing.
+//!
 //! The disk is a qcow2 overlay with cache=writeback. SIGKILL of qemu is a power cut
 //! of the guest: its RAM and page cache are gone, while whatever it had handed to its
 //! disk is already in the host's file (qemu keeps no data of its own, and the host's
@@ -244,6 +254,13 @@ fn boot(run: &Run, n: u32, step: &str) -> (Vm, PathBuf) {
             "local,path={},mount_tag=out,security_model=none",
             run.out.display()
         ))
+        // Two NICs, each alone on a QEMU hub, so no frame leaves the VM: 00:08.0 (the
+        // node's primary NIC) and 00:09.0 (the NIC a pod gets). Fixed
+        // slots, after every other device, so nothing else moves.
+        .args(["-netdev", "hubport,id=nic0,hubid=0", "-device"])
+        .arg("virtio-net-pci,netdev=nic0,addr=0x8,mac=52:54:00:c1:ed:08")
+        .args(["-netdev", "hubport,id=nic1,hubid=1", "-device"])
+        .arg("virtio-net-pci,netdev=nic1,addr=0x9,mac=52:54:00:c1:ed:09")
         .args(["-device", "virtio-serial-pci", "-chardev"])
         .arg(format!("file,id=ack,path={}", acks.display()))
         .args(["-device", "virtserialport,chardev=ack,name=ack"])
@@ -341,6 +358,9 @@ fn power_cut_and_reboot_in_a_vm() {
         ok: false,
     };
     fs::copy(&bin, run.out.join("cni-ledger")).expect("copy the binary to the share");
+    // The runtime stand-in of the NIC steps: libcni, as CRI-O drives CNI.
+    fs::copy(common::tools::driver(), run.out.join("cni-driver"))
+        .expect("copy the libcni driver to the share");
     let st = Command::new("qemu-img")
         .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
         .arg(run.image.join("rootfs.raw"))
@@ -671,6 +691,9 @@ fn power_cut_and_reboot_in_a_vm() {
         "the adopted record is still there when boot 2 ends (no gc run replayed it yet)"
     );
 
+    check_nic_at_del(&out);
+    check_nic_after_the_fact(&out);
+
     // ---- boot 3: the unit replays the adopted attachment and exits 0
     let (mut vm, acks3) = boot(&run, 3, "adopted");
     let done = wait_for(&run, &mut vm, 3, &acks3, "DONE");
@@ -758,7 +781,251 @@ fn power_cut_and_reboot_in_a_vm() {
             .any(|r| r["containerId"] == early.as_str()),
         "the adopted record is gone after its replay"
     );
+    check_nic_across_the_reboot(&out);
     run.ok = true;
+}
+
+/// `name=… mtu=… state=…` as tests/vm/guest/nic.sh writes the pod NIC's state.
+fn nic_state(out: &Path, case: &str) -> (String, String, String) {
+    let s = read(&out.join(format!("nic-{case}.txt")));
+    let get = |k: &str| {
+        s.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{k}=")).map(str::to_owned))
+            .unwrap_or_default()
+    };
+    (get("name"), get("mtu"), get("state"))
+}
+
+fn nic_names(out: &Path) -> (String, String) {
+    let s = read(&out.join("nic-names.txt"));
+    let get = |k: &str| {
+        s.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{k}=")).map(str::to_owned))
+            .unwrap_or_else(|| panic!("no {k} in nic-names.txt: {s}"))
+    };
+    (get("nic"), get("primary"))
+}
+
+/// Boot 2's first NIC cases (tests/vm/guest/nic.sh): CRI-O's stop order, both
+/// placements, each with its control run without returnDevices; and RDMA.
+fn check_nic_at_del(out: &Path) {
+    let (nic, primary) = nic_names(out);
+    println!(
+        "FIGURE vm NIC: the pod NIC boots as {nic} (bus {}), the primary as {primary}",
+        read(&out.join("nic-bus.txt")).trim()
+    );
+    let log = read(&out.join("nic-ledger.log"));
+    for case in ["chain-ret", "chain-ctl", "nri-ret", "nri-ctl"] {
+        let state = nic_state(out, case);
+        println!(
+            "FIGURE vm NIC {case}: after DEL, netns removal and the driver's hook: {} (in the pod: {}; the hook: {})",
+            read(&out.join(format!("nic-{case}.txt"))).trim(),
+            read(&out.join(format!("nic-{case}-inpod.txt"))).trim(),
+            read(&out.join(format!("nic-{case}-hook.txt")))
+                .replace('\n', " ")
+                .trim()
+        );
+        assert_eq!(
+            read(&out.join(format!("nic-{case}-del.rc"))).trim(),
+            "0",
+            "CNI DEL ({case}): {}",
+            read(&out.join(format!("nic-{case}-del.err")))
+        );
+        // The hook ran after the namespace was gone, as CRI-O runs it, and failed.
+        assert!(
+            !read(&out.join(format!("nic-{case}-hook.txt"))).contains("rc=0"),
+            "the driver's hook ({case}) could still open the namespace"
+        );
+        assert!(
+            read(&out.join(format!("nic-{case}-inpod.txt"))).contains("alias cni0"),
+            "the pod rewrote the alias ({case})"
+        );
+        if case.ends_with("-ret") {
+            assert_eq!(
+                state,
+                (nic.clone(), "1500".into(), "up".into()),
+                "{case}: with returnDevices the NIC is back under its host name, MTU and state\nledger log:\n{log}"
+            );
+        } else {
+            // The kernel's own return: down, under the pod's name, the pod's MTU.
+            assert_eq!(
+                state,
+                ("net1".into(), "1400".into(), "down".into()),
+                "{case}: the control run without returnDevices"
+            );
+        }
+    }
+    // The chain placement was named from the tail's record, the NRI one from udev's
+    // rule (the tail saw no device): the log says which.
+    assert!(
+        log.lines().any(|l| l.contains("nic-chain-ret")
+            && l.contains("returned netdev net1")
+            && l.contains("name recorded at ADD")),
+        "chain placement: named from the tail's record\n{log}"
+    );
+    assert!(
+        log.lines().any(|l| l.contains("nic-nri-ret")
+            && l.contains("returned netdev net1")
+            && l.contains(&format!("as {nic} (by hotplug slot)"))),
+        "NRI placement: named from the device, as udev named it at boot\n{log}"
+    );
+    // RDMA: what the kernel allowed, printed; the ledger's DEL in exclusive mode
+    // succeeded and moved nothing it could not.
+    let rdma = read(&out.join("rdma.txt"));
+    println!("FIGURE vm RDMA (rdma_rxe): {}", rdma.replace('\n', " | "));
+    assert_eq!(
+        read(&out.join("rdma-del.rc")).trim(),
+        "0",
+        "a DEL with returnDevices where RDMA is in exclusive mode: {}",
+        read(&out.join("rdma-del.err"))
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains("rdmanet") && l.contains("RDMA")),
+        "the ledger's RDMA step ran at the rdmanet DEL:\n{log}"
+    );
+    // The node's primary NIC: exactly as before, through every case.
+    assert_eq!(
+        read(&out.join("primary-before.txt")),
+        read(&out.join("primary-after.txt")),
+        "the host's primary NIC was touched"
+    );
+    assert!(read(&out.join("primary-before.txt")).contains("198.18.90.1/24"));
+}
+
+/// Boot 2's after-the-fact cases: the namespace removed with no DEL, then gc.
+fn check_nic_after_the_fact(out: &Path) {
+    let (nic, _) = nic_names(out);
+    for c in ["ret", "ctl"] {
+        println!(
+            "FIGURE vm NIC fact-{c}: netns removed with no DEL: {}; after gc: {}",
+            read(&out.join(format!("nic-fact-{c}-before-gc.txt"))).trim(),
+            read(&out.join(format!("nic-fact-{c}.txt"))).trim()
+        );
+        assert!(
+            read(&out.join(format!("nic-fact-{c}-before-gc.txt")))
+                .contains("name=net1 mtu=1400 state=down"),
+            "the kernel returned the NIC down under its pod name"
+        );
+        let gc: Value = serde_json::from_str(&read(&out.join(format!("nic-fact-{c}-gc.json"))))
+            .unwrap_or_else(|e| {
+                panic!(
+                    "gc --json (fact-{c}): {e}\n{}",
+                    read(&out.join(format!("nic-fact-{c}-gc.err")))
+                )
+            });
+        assert_eq!(
+            read(&out.join(format!("nic-fact-{c}-gc.rc"))).trim(),
+            "0",
+            "gc (fact-{c}): {gc}"
+        );
+        let rec = &gc["records"][0];
+        assert_eq!(rec["action"], "replayed", "{gc}");
+        let prom = read(&out.join(format!("nic-fact-{c}.prom")));
+        let list = read(&out.join(format!("nic-fact-{c}-list.json")));
+        if c == "ret" {
+            assert_eq!(
+                nic_state(out, "fact-ret"),
+                (nic.clone(), "1500".into(), "up".into()),
+                "gc gave the NIC back its host name, MTU and state: {gc}\n{}",
+                read(&out.join("nic-fact-ret-gc.err"))
+            );
+            let d = &rec["devices"][0];
+            assert_eq!(
+                (&d["foundAs"], &d["hostName"], &d["up"], &d["mtu"]),
+                (
+                    &Value::from("net1"),
+                    &Value::from(nic.as_str()),
+                    &Value::from(true),
+                    &Value::from(1500)
+                ),
+                "gc's report names the device: {gc}"
+            );
+            assert!(
+                list.contains("devices-given-back") && list.contains(nic.as_str()),
+                "list shows the device gc gave back: {list}"
+            );
+            assert!(
+                prom.lines()
+                    .any(|l| l.starts_with("cni_ledger_devices_given_back ") && !l.ends_with(" 0")),
+                "the metric counts it:\n{prom}"
+            );
+        } else {
+            assert_eq!(
+                nic_state(out, "fact-ctl"),
+                ("net1".into(), "1400".into(), "down".into()),
+                "without returnDevices gc leaves the kernel's return alone"
+            );
+            assert!(rec["devices"].is_null(), "{gc}");
+        }
+    }
+    // Debian's host-device as the chained driver. At DEL (CRI-O's order) its own DEL
+    // moves the NIC out before the ledger's runs, under the alias the pod rewrote: what
+    // it does is printed, and the NIC must be on the host. With no DEL, gc gives it back.
+    let hd = read(&out.join("nic-hd-del.txt"));
+    println!(
+        "FIGURE vm NIC host-device in the chain, CRI-O's order: {} (in the pod: {})",
+        hd.trim(),
+        read(&out.join("nic-hd-del-inpod.txt")).trim()
+    );
+    assert_eq!(read(&out.join("nic-hd-del-del.rc")).trim(), "0");
+    assert!(
+        hd.starts_with("name="),
+        "host-device's DEL left the NIC off the host: {hd}"
+    );
+    println!(
+        "FIGURE vm NIC host-device, netns removed with no DEL: {}; after gc: {}",
+        read(&out.join("nic-hd-fact-before-gc.txt")).trim(),
+        read(&out.join("nic-hd-fact.txt")).trim()
+    );
+    assert_eq!(
+        read(&out.join("nic-hd-fact-gc.rc")).trim(),
+        "0",
+        "gc (host-device): {}\n{}",
+        read(&out.join("nic-hd-fact-gc.json")),
+        read(&out.join("nic-hd-fact-gc.err"))
+    );
+    assert_eq!(
+        nic_state(out, "hd-fact"),
+        (nic.clone(), "1500".into(), "up".into()),
+        "gc gave back the NIC host-device had moved: {}",
+        read(&out.join("nic-hd-fact-gc.err"))
+    );
+
+    // The attachment left holding the NIC at poweroff, for boot 3.
+    assert!(
+        json_file(&out.join("nic-boot-list.json"))
+            .iter()
+            .any(|r| r["containerId"] == "cid-boot"),
+        "the NIC's last attachment is recorded before the reboot"
+    );
+}
+
+/// Boot 3: the NIC booted on the host; gc replays the attachment and renames nothing.
+fn check_nic_across_the_reboot(out: &Path) {
+    let (nic, _) = nic_names(out);
+    let gc: Value = serde_json::from_str(&read(&out.join("b3-nic-gc.json")))
+        .unwrap_or_else(|e| panic!("boot 3 gc: {e}\n{}", read(&out.join("b3-nic-gc.err"))));
+    println!("FIGURE vm NIC across the reboot: gc {}", gc["records"]);
+    assert_eq!(read(&out.join("b3-nic-gc.rc")).trim(), "0", "{gc}");
+    assert!(
+        gc["records"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|r| r["containerId"] == "cid-boot"
+                && r["action"] == "replayed"
+                && r["devices"].is_null())),
+        "boot 3's gc replayed the NIC's attachment and gave back no device: {gc}"
+    );
+    let before = read(&out.join("b3-links-before.txt"));
+    assert!(
+        before.contains(&format!(" {nic}:")) || before.contains(&format!("{nic}:")),
+        "{before}"
+    );
+    assert_eq!(
+        before,
+        read(&out.join("b3-links-after.txt")),
+        "gc changed a link across the reboot"
+    );
 }
 
 /// The units install.sh installs, rendered as it renders them, pass systemd's own

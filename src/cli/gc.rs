@@ -210,13 +210,21 @@ fn print_human(r: &Report) {
             .map(|rec| {
                 let detail = match rec.action {
                     gc::Action::Replayed => format!(
-                        "via {} ({})",
+                        "via {} ({}){}",
                         rec.config_source.map_or("-", gc::ConfigSource::as_str),
                         rec.plugins
                             .iter()
                             .map(|p| p.plugin_type.as_str())
                             .collect::<Vec<_>>()
-                            .join(", ")
+                            .join(", "),
+                        if rec.devices.is_empty() {
+                            String::new()
+                        } else {
+                            format!(
+                                "; devices given back: {}",
+                                crate::devices::state::summary(&rec.devices)
+                            )
+                        }
                     ),
                     gc::Action::Retrying
                     | gc::Action::Failed

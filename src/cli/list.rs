@@ -488,6 +488,9 @@ pub fn run(args: Args) -> Result<i32> {
         return Err(e.into());
     }
     let device_notes = crate::devices::note::read_all(&ledger);
+    // Devices gc gave back after their namespace died with no DEL, until an operator
+    // removes the note.
+    let repaired = crate::devices::state::read_repaired(&ledger);
     if args.json {
         let mut json = json
             .into_inner()
@@ -497,6 +500,13 @@ pub fn run(args: Args) -> Result<i32> {
         }
         for (path, note) in &device_notes {
             json.push(&crate::devices::note::json_row(path, note))?;
+        }
+        for (path, n) in &repaired {
+            json.push(&serde_json::json!({
+                "network": n.network, "containerId": n.container_id, "ifname": n.ifname,
+                "state": REPAIRED, "reason": crate::devices::state::summary(&n.devices),
+                "at": n.at, "devices": n.devices, "file": path.display().to_string(),
+            }))?;
         }
         json.finish()?;
         return Ok(0);
@@ -508,6 +518,20 @@ pub fn run(args: Args) -> Result<i32> {
         // No chain to speak of: the CHAIN column, before NETNS.
         cells.insert(cells.len().saturating_sub(1), "-".into());
         cells
+    }));
+    cells.extend(repaired.iter().map(|(_, n)| {
+        vec![
+            n.network.clone(),
+            n.container_id.clone(),
+            n.ifname.clone(),
+            REPAIRED.into(),
+            crate::devices::state::summary(&n.devices),
+            crate::time::parse_rfc3339(&n.at)
+                .map(|t| crate::time::age(now - t))
+                .unwrap_or_else(|| "-".into()),
+            "-".into(),
+            "-".into(),
+        ]
     }));
     super::print_table(
         &[
@@ -524,3 +548,6 @@ pub fn run(args: Args) -> Result<i32> {
     );
     Ok(0)
 }
+
+/// `list`'s state for an attachment whose devices gc gave back after the fact.
+const REPAIRED: &str = "devices-given-back";

@@ -12,6 +12,7 @@ use std::os::fd::RawFd;
 const RTM_NEWLINK: u16 = 16;
 const RTM_GETLINK: u16 = 18;
 const RTM_SETLINK: u16 = 19;
+const RTM_DELLINKPROP: u16 = 109;
 /// `struct ifinfomsg`, before a link message's attributes.
 const IFINFOMSG_LEN: usize = 16;
 /// `IFLA_IFNAME` from `linux/if_link.h`.
@@ -77,6 +78,50 @@ pub fn move_request(index: u32, target_ns: RawFd, name: &str) -> Vec<u8> {
 pub fn move_to(conn: &mut Conn, index: u32, target_ns: RawFd, name: &str) -> io::Result<()> {
     conn.request(move_request(index, target_ns, name))
         .map(|_| ())
+}
+
+/// The request that sets link `index` (of the socket's namespace): its name when
+/// given (the link must be down), its MTU when given, and up or down.
+pub fn set_request(index: u32, name: Option<&str>, mtu: Option<u32>, up: bool) -> Vec<u8> {
+    use netlink_packet_route::link::LinkFlags;
+    let mut link = LinkMessage::default();
+    link.header.index = index;
+    link.header.change_mask = LinkFlags::Up;
+    link.header.flags = if up {
+        LinkFlags::Up
+    } else {
+        LinkFlags::empty()
+    };
+    if let Some(n) = name {
+        link.attributes.push(LinkAttribute::IfName(n.to_string()));
+    }
+    if let Some(m) = mtu {
+        link.attributes.push(LinkAttribute::Mtu(m));
+    }
+    encode(RTM_SETLINK, NLM_F_REQUEST | NLM_F_ACK, &link)
+}
+
+/// The request that removes the alternative name `name` from link `index`. udev gives a
+/// NIC the kernel returned (as `net1`, say) its predictable names as altnames, and the
+/// kernel refuses a rename to a name in use as anyone's altname, its own too.
+pub fn del_altname_request(index: u32, name: &str) -> Vec<u8> {
+    use netlink_packet_route::link::Prop;
+    let mut link = LinkMessage::default();
+    link.header.index = index;
+    link.attributes = vec![LinkAttribute::PropList(vec![Prop::AltIfName(
+        name.to_string(),
+    )])];
+    encode(RTM_DELLINKPROP, NLM_F_REQUEST | NLM_F_ACK, &link)
+}
+
+pub fn set(
+    conn: &mut Conn,
+    index: u32,
+    name: Option<&str>,
+    mtu: Option<u32>,
+    up: bool,
+) -> io::Result<()> {
+    conn.request(set_request(index, name, mtu, up)).map(|_| ())
 }
 
 #[cfg(test)]

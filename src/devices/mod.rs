@@ -15,6 +15,7 @@ pub mod nl;
 pub mod note;
 pub mod rdma;
 pub mod select;
+pub mod state;
 
 use crate::ledger::{Key, Ledger};
 use serde::{Deserialize, Serialize};
@@ -471,9 +472,32 @@ pub fn at_del(ledger: &Ledger, key: &Key, netns: &str, spec: &Spec, who: &str) {
             ..Outcome::default()
         },
     };
+    // Back on the host: each netdev gets the MTU and up/down the host had it in when the
+    // head's ADD ran (matched by bus address), else stays down as the kernel leaves it.
+    let states = state::load(ledger, key);
+    let mut out = out;
     for m in &out.moved {
+        let was = (m.kind == DeviceKind::Netdev)
+            .then(|| {
+                states
+                    .iter()
+                    .find(|s| Some(&s.bus_address) == m.bus_address.as_ref())
+            })
+            .flatten();
+        let how = match was.map(|w| state::restore(&m.host_name, None, w)) {
+            Some(Ok(r)) => format!("{}, MTU {}", if r.up { "up" } else { "down" }, r.mtu),
+            Some(Err(e)) => {
+                out.failures.push(failure(
+                    &m.host_name,
+                    m.bus_address.clone(),
+                    format!("returned, but not restored: {e}"),
+                ));
+                "down".into()
+            }
+            None => "down".into(),
+        };
         crate::info!(
-            "{who} {key}: returned {} {} ({}) to the host as {}{}, down",
+            "{who} {key}: returned {} {} ({}) to the host as {}{}, {how}",
             m.kind,
             m.pod_name,
             m.bus_address.as_deref().unwrap_or("no bus address"),
@@ -483,6 +507,7 @@ pub fn at_del(ledger: &Ledger, key: &Key, netns: &str, spec: &Spec, who: &str) {
                 .unwrap_or_default()
         );
     }
+    state::forget(ledger, key);
     for m in &out.mismatches {
         crate::warn!(
             "{who} {key}: device {}: its alias is {} but {} was recorded when the chain completed; the alias is not used",
@@ -515,6 +540,45 @@ pub fn at_del(ledger: &Ledger, key: &Key, netns: &str, spec: &Spec, who: &str) {
             crate::error!("{who} {key}: cannot keep the device failures: {e:#}");
         }
     }
+}
+
+/// gc's part for a record whose namespace died in this boot with no DEL (see
+/// `state::repair`): logs each device and keeps what was done where `list` shows it.
+pub fn repair_after_the_fact(
+    ledger: &Ledger,
+    rec: &crate::ledger::Record,
+    who: &str,
+) -> Vec<state::Repaired> {
+    let key = rec.key();
+    let recorded = recorded_in(rec.chain.as_ref().and_then(|c| c.devices.as_ref()));
+    let done = if recorded.is_empty() {
+        Vec::new()
+    } else {
+        state::repair(ledger, &key, &recorded)
+    };
+    for d in &done {
+        match &d.error {
+            None => crate::info!(
+                "{who} {key}: gave back device {} ({}), returned by the kernel when the namespace went, as {}",
+                d.found_as,
+                d.bus_address,
+                state::summary(std::slice::from_ref(d))
+            ),
+            Some(e) => crate::error!(
+                "{who} {key}: could not give back device {} ({}) as {}: {e}",
+                d.found_as,
+                d.bus_address,
+                d.host_name
+            ),
+        }
+    }
+    if !done.is_empty() {
+        if let Err(e) = state::write_repaired(ledger, &key, &done) {
+            crate::error!("{who} {key}: cannot keep what was given back: {e:#}");
+        }
+    }
+    state::forget(ledger, &key);
+    done
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ const MAX_IFNAME: usize = 15;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
     Recorded,
+    Slot,
     BusAddress,
     Mac,
     Counter,
@@ -27,6 +28,7 @@ impl Source {
     pub fn as_str(self) -> &'static str {
         match self {
             Source::Recorded => "name recorded at ADD",
+            Source::Slot => "hotplug slot",
             Source::BusAddress => "bus address",
             Source::Mac => "MAC address",
             Source::Counter => "first free devN",
@@ -64,6 +66,24 @@ pub fn from_bus_address(addr: &str, multifunction: bool, dev_port: u32) -> Optio
     valid_ifname(&name).then_some(name)
 }
 
+/// udev's slot name (net_id's `ID_NET_NAME_SLOT`), which its default policy prefers to
+/// the path name: `en[P<domain>]s<slot>[f<function>][d<dev_port>]`.
+pub fn from_slot(addr: &str, slot: u32, multifunction: bool, dev_port: u32) -> Option<String> {
+    let (d, _, _, f) = pci_address(addr)?;
+    let mut name = String::from("en");
+    if d != 0 {
+        name.push_str(&format!("P{d}"));
+    }
+    name.push_str(&format!("s{slot}"));
+    if f != 0 || multifunction {
+        name.push_str(&format!("f{f}"));
+    }
+    if dev_port != 0 {
+        name.push_str(&format!("d{dev_port}"));
+    }
+    valid_ifname(&name).then_some(name)
+}
+
 /// udev's MAC name: `enx` and the 12 hex digits of an Ethernet address.
 pub fn from_mac(mac: &str) -> Option<String> {
     let hex: String = mac.split(':').collect();
@@ -81,6 +101,15 @@ pub fn choose(link: &PodLink, recorded: Option<&str>, taken: &HashSet<String>) -
     let free = |n: &str| valid_ifname(n) && !taken.contains(n);
     if let Some(name) = recorded.filter(|n| free(n)) {
         return (name.to_string(), Source::Recorded);
+    }
+    if let Some(name) = link
+        .pci_address
+        .as_deref()
+        .zip(link.pci_slot)
+        .and_then(|(a, s)| from_slot(a, s, link.pci_multifunction, link.dev_port))
+        .filter(|n| free(n))
+    {
+        return (name, Source::Slot);
     }
     if let Some(name) = link
         .pci_address
@@ -117,6 +146,7 @@ mod tests {
             pci_multifunction: false,
             dev_port: 0,
             mac: Some("02:AB:cd:00:00:07".into()),
+            pci_slot: None,
         }
     }
 
@@ -130,6 +160,26 @@ mod tests {
         assert_eq!(
             choose(&l, Some("ens9f0"), &taken(&["lo", "eth0"])),
             ("ens9f0".into(), Source::Recorded)
+        );
+    }
+
+    #[test]
+    fn the_slot_name_before_the_path_name() {
+        // A virtio NIC in QEMU's hotplug slot 9: udev names it ens9, not enp0s9.
+        let mut l = link("net1", Some("cni0"), Some("0000:00:09.0"));
+        l.pci_slot = Some(9);
+        assert_eq!(choose(&l, None, &taken(&[])), ("ens9".into(), Source::Slot));
+        assert_eq!(
+            choose(&l, None, &taken(&["ens9"])),
+            ("enp0s9".into(), Source::BusAddress)
+        );
+        assert_eq!(
+            from_slot("0000:03:00.1", 4, false, 0).as_deref(),
+            Some("ens4f1")
+        );
+        assert_eq!(
+            from_slot("0001:03:00.0", 4, true, 2).as_deref(),
+            Some("enP1s4f0d2")
         );
     }
 

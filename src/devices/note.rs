@@ -55,7 +55,7 @@ pub fn mismatch_dir(ledger: &Ledger) -> PathBuf {
     dir(ledger).join("alias-mismatch")
 }
 
-fn mkdir_checked(dir: &Path, parent: &Path) -> Result<()> {
+pub(super) fn mkdir_checked(dir: &Path, parent: &Path) -> Result<()> {
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => fsio::fsync_dir(parent)?,
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {

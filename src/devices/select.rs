@@ -32,6 +32,19 @@ pub struct PodLink {
     pub dev_port: u32,
     /// The MAC address (`address`), for the `enx<mac>` name of a link with no PCI address.
     pub mac: Option<String>,
+    /// The hotplug slot number firmware gives the PCI device's slot (`/sys/bus/pci/slots/
+    /// N/address`), from which udev names the link `ens<N>` before any path name.
+    pub pci_slot: Option<u32>,
+}
+
+/// The number of the hotplug slot at PCI address `addr` (`DDDD:BB:SS.F`), as udev's
+/// net_id finds it: the numeric directory under `slots` whose `address` is `DDDD:BB:SS`.
+fn pci_slot(slots: &Path, addr: &str) -> Option<u32> {
+    let (prefix, _) = addr.rsplit_once('.')?;
+    std::fs::read_dir(slots).ok()?.flatten().find_map(|e| {
+        let n: u32 = e.file_name().to_str()?.parse().ok()?;
+        (n > 0 && read_trimmed(&e.path().join("address")).as_deref() == Some(prefix)).then_some(n)
+    })
 }
 
 /// The parts of a PCI address `DDDD:BB:SS.F` (hex): domain, bus, slot, function.
@@ -80,6 +93,12 @@ fn read_number(path: &Path) -> Option<u32> {
 /// Reads every link under `class_net`. A link that vanishes while being read is skipped.
 pub fn scan(class_net: &Path) -> io::Result<Vec<PodLink>> {
     let mut links = Vec::new();
+    // `<sysfs>/bus/pci/slots` beside `<sysfs>/class/net` (PCI is not per namespace).
+    let slots = class_net
+        .parent()
+        .and_then(Path::parent)
+        .map_or_else(|| Path::new("/sys").to_path_buf(), Path::to_path_buf)
+        .join("bus/pci/slots");
     for entry in std::fs::read_dir(class_net)? {
         let entry = entry?;
         let Ok(name) = entry.file_name().into_string() else {
@@ -111,6 +130,7 @@ pub fn scan(class_net: &Path) -> io::Result<Vec<PodLink>> {
         let loopback = name == "lo"
             || read_number(&dir.join("type")) == Some(ARPHRD_LOOPBACK)
             || read_number(&dir.join("flags")).is_some_and(|f| f & IFF_LOOPBACK != 0);
+        let pci_slot = pci_address.as_deref().and_then(|a| pci_slot(&slots, a));
         links.push(PodLink {
             alias: read_trimmed(&dir.join("ifalias")),
             name,
@@ -122,6 +142,7 @@ pub fn scan(class_net: &Path) -> io::Result<Vec<PodLink>> {
             pci_multifunction,
             dev_port: read_number(&dir.join("dev_port")).unwrap_or(0),
             mac: read_trimmed(&dir.join("address")),
+            pci_slot,
         });
     }
     links.sort_by_key(|l| l.ifindex);
@@ -264,6 +285,28 @@ mod tests {
         let eth0 = links.iter().find(|l| l.name == "eth0").unwrap();
         assert_eq!((eth0.alias.as_ref(), eth0.hardware), (None, false));
         assert_eq!(names(&select(&links, &[])), ["net1", "net2", "net3"]);
+        assert_eq!(virtio.pci_slot, None);
+    }
+
+    #[test]
+    fn the_hotplug_slot_of_the_pci_device() {
+        let t = pod();
+        // Firmware's slot 3 holds 0000:00:03; slot 0 and a name that is no number never
+        // count (udev's net_id skips them too).
+        for (slot, addr) in [
+            ("3", "0000:00:03"),
+            ("0", "0000:03:00"),
+            ("x", "0000:03:02"),
+        ] {
+            let d = t.root.join("bus/pci/slots").join(slot);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("address"), format!("{addr}\n")).unwrap();
+        }
+        let links = scan(&t.class_net()).unwrap();
+        let slot = |n: &str| links.iter().find(|l| l.name == n).unwrap().pci_slot;
+        assert_eq!(slot("net3"), Some(3));
+        assert_eq!(slot("net1"), None);
+        assert_eq!(slot("net2"), None);
     }
 
     #[test]

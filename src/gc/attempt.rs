@@ -178,12 +178,13 @@ fn replay(
             return record_failure(at, rec, judged, None, vec![outcome], now, opts);
         }
     };
-    let outcomes = del_chain(
+    let (outcomes, repaired) = del_chain(
         ledger,
         rec,
         &config,
         cached.as_ref(),
         netns.as_deref(),
+        boot,
         opts,
     );
     if !outcomes.iter().all(PluginOutcome::ok) {
@@ -222,6 +223,7 @@ fn replay(
     crate::faults::crash_point("gc.key-released");
     crate::info!("gc: {key}: replayed, {what}");
     let mut r = RecordReport::of(rec, judged, Action::Replayed);
+    r.devices = repaired;
     r.config_source = Some(source);
     r.plugins = outcomes;
     r.replay_netns = netns;
@@ -248,8 +250,9 @@ fn del_chain(
     config: &Value,
     cached: Option<&CachedAttachment>,
     netns: Option<&str>,
+    boot: &str,
     opts: &Options,
-) -> Vec<PluginOutcome> {
+) -> (Vec<PluginOutcome>, Vec<crate::devices::state::Repaired>) {
     let key = rec.key();
     let caps = capability_args(rec, cached);
     let cni_path: Vec<PathBuf> = match &opts.cni_path {
@@ -275,11 +278,20 @@ fn del_chain(
     };
     let outcomes = replay::replay_del(config, &rec.ledger_type, &inv);
     // The ledger's own DEL, skipped in the chain, runs last: its device return too.
-    if let (Some(ns), Some(spec)) = (
-        netns,
-        crate::devices::spec_in_chain(config, &rec.ledger_type),
-    ) {
-        crate::devices::at_del(ledger, &key, ns, &spec, "gc:");
+    let spec = crate::devices::spec_in_chain(config, &rec.ledger_type);
+    let mut repaired = Vec::new();
+    match (netns, &spec) {
+        (Some(ns), Some(spec)) => crate::devices::at_del(ledger, &key, ns, spec, "gc:"),
+        // The namespace died with no DEL in this boot: the kernel returned its NICs down
+        // under their pod names. After a reboot they booted on the host: nothing to do.
+        (None, Some(_)) if rec.boot_id == boot && outcomes.iter().all(PluginOutcome::ok) => {
+            repaired = crate::devices::repair_after_the_fact(ledger, rec, "gc:");
+        }
+        _ => {}
+    }
+    // The host's device state kept at ADD is of no more use once DEL has run.
+    if spec.is_some() {
+        crate::devices::state::forget(ledger, &key);
     }
     for o in &outcomes {
         match &o.result {
@@ -287,7 +299,7 @@ fn del_chain(
             DelResult::Failed(_) => crate::warn!("gc: {key}: DEL failed: {}", failure_text(o)),
         }
     }
-    outcomes
+    (outcomes, repaired)
 }
 
 /// The recorded capability args, completed by those libcni cached and we did not record.

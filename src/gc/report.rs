@@ -145,6 +145,10 @@ pub struct RecordReport {
     /// replayed now that its ADD can no longer complete. Absent for a record.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub retired: bool,
+    /// Devices the replay gave back after the fact (the namespace died with no DEL):
+    /// found on the host by bus address, renamed and restored.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<crate::devices::state::Repaired>,
 }
 
 impl RecordReport {
@@ -165,6 +169,7 @@ impl RecordReport {
             last_error: gc.last_error,
             next_attempt_at: gc.next_attempt_at,
             retired: false,
+            devices: Vec::new(),
         }
     }
 }

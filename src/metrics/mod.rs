@@ -27,6 +27,7 @@ pub struct Metrics {
     pub stale: IntGaugeVec,
     pub quarantined: IntGauge,
     pub alias_mismatches: IntGauge,
+    pub devices_repaired: IntGauge,
     pub replays: IntCounterVec,
     pub gc_runs: IntCounterVec,
     pub gc_duration: Gauge,
@@ -139,6 +140,10 @@ impl Metrics {
             alias_mismatches: int_gauge(
                 "cni_ledger_device_alias_mismatches",
                 "Attachments whose returned device's ifalias at DEL was not the host name recorded when the chain completed (the pod rewrote it; the alias was not used): files in the ledger's devices/alias-mismatch/, kept until an operator removes them.",
+            ),
+            devices_repaired: int_gauge(
+                "cni_ledger_devices_given_back",
+                "Attachments whose devices gc gave back after the fact (the namespace died with no DEL; the kernel had returned the NICs down under their pod names): files in the ledger's devices/repaired/, kept until an operator removes them.",
             ),
             unreadable: gauge(
                 "cni_ledger_unreadable_records",
@@ -444,6 +449,8 @@ impl Metrics {
         self.quarantined.set(q as i64);
         self.alias_mismatches
             .set(crate::devices::note::mismatch_count(ledger) as i64);
+        self.devices_repaired
+            .set(crate::devices::state::repaired_count(ledger) as i64);
         ranges
     }
 

@@ -121,6 +121,13 @@ fn record(conf: &NetConf, args: &CmdArgs, started_boot_ns: Option<u64>) -> Resul
     if let Some(memo) = remembered {
         conf_memo::remember(&ledger, &conf.name, &dir, &memo, began, conf_memo::SETTLED);
     }
+    // The host's devices as they are before the chain or a driver's hook can move one,
+    // for their state's return (only with returnDevices: nothing else pays for it).
+    if conf.return_devices.is_some() {
+        if let Err(e) = crate::devices::state::remember(&ledger, &key) {
+            crate::warn!("ADD {key}: cannot keep the host's device state: {e:#}");
+        }
+    }
     crate::info!("ADD {key}: recorded (netns {})", args.netns);
     Ok(())
 }

@@ -53,8 +53,10 @@ pub fn del(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
             // Before the record goes: devices a driver moved into the pod come back
             // while the namespace still exists (the chain's DELs have all run).
             if let Some(spec) = &conf.return_devices {
-                if let Some(netns) = devices_netns(&rec, &args.netns) {
-                    crate::devices::at_del(&ledger, &key, &netns, spec, "DEL");
+                match devices_netns(&rec, &args.netns) {
+                    Some(netns) => crate::devices::at_del(&ledger, &key, &netns, spec, "DEL"),
+                    // No namespace to take devices from: the host's state kept at ADD goes.
+                    None => crate::devices::state::forget(&ledger, &key),
                 }
             }
             // An ADD still in the chain (the runtime gave up on a slow sandbox) may yet

@@ -178,6 +178,7 @@ mod tests {
             last_error: None,
             next_attempt_at: None,
             retired: false,
+            devices: Vec::new(),
         }
     }
 

@@ -37,5 +37,6 @@ ls /var/lib/vm-ipam/adoptnet >"$out/b3-ips.txt" || true
 ls /var/lib/cni/results >"$out/b3-cache.txt"
 iptables-save -t nat >"$out/b3-nat.txt"
 "$L" list --json >"$out/b3-list.json"
+. /mnt/host/tests/vm/guest/nic-reboot.sh
 echo DONE >&3
 systemctl poweroff

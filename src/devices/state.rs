@@ -1,0 +1,480 @@
+//! The host's own state of its devices before a pod took one, and putting it back.
+//!
+//! The kernel takes a link down when it leaves a namespace, and the pod's driver set its
+//! MTU; the node had it up (or not) at its own MTU. The head's ADD, with
+//! `returnDevices` on, keeps the host's hardware-backed links as they are then, before
+//! the chain or a driver's hook can move one (`<ledgerDir>/devices/host/<stem>.json`):
+//! nothing the pod can write. A returned device (matched by bus address) gets its MTU
+//! and up/down back from it.
+//!
+//! Also gc's part when the namespace died with no DEL (`repair`): the kernel returned
+//! the NIC down under its pod name; gc finds it on the host by the bus address the
+//! tail recorded, renames it by the rule DEL uses, and puts its state back.
+
+use super::{link, naming, select, Recorded};
+use crate::ledger::{fsio, Key, Ledger};
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+/// `IFF_UP` as sysfs prints it in `flags`.
+const IFF_UP: u32 = 0x1;
+const MAX_FILE: u64 = 1 << 20;
+
+/// A hardware-backed host link as it was when the head's ADD ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostLink {
+    pub name: String,
+    pub bus_address: String,
+    pub mtu: u32,
+    pub up: bool,
+}
+
+fn read_num(path: &Path) -> Option<u32> {
+    let s = std::fs::read_to_string(path).ok()?;
+    let s = s.trim();
+    match s.strip_prefix("0x") {
+        Some(h) => u32::from_str_radix(h, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
+/// The hardware-backed links under `class_net` (the host's `/sys/class/net`).
+pub fn snapshot(class_net: &Path) -> Vec<HostLink> {
+    let Ok(rd) = std::fs::read_dir(class_net) else {
+        return Vec::new();
+    };
+    let mut out: Vec<HostLink> = rd
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let dir = class_net.join(&name);
+            let bus = std::fs::read_link(dir.join("device")).ok()?;
+            Some(HostLink {
+                bus_address: bus.file_name()?.to_string_lossy().into_owned(),
+                mtu: read_num(&dir.join("mtu"))?,
+                up: read_num(&dir.join("flags"))? & IFF_UP != 0,
+                name,
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| a.bus_address.cmp(&b.bus_address));
+    out
+}
+
+pub fn host_dir(ledger: &Ledger) -> PathBuf {
+    super::note::dir(ledger).join("host")
+}
+
+/// The head's part at ADD: keep the host's hardware links as they are now. A failure
+/// costs only the state's return later, never the ADD.
+pub fn remember(ledger: &Ledger, key: &Key) -> Result<()> {
+    let links = snapshot(Path::new("/sys/class/net"));
+    super::note::mkdir_checked(&super::note::dir(ledger), ledger.root())?;
+    let dir = host_dir(ledger);
+    super::note::mkdir_checked(&dir, &super::note::dir(ledger))?;
+    let name = format!("{}.json", key.stem());
+    let mut bytes = serde_json::to_vec(&links)?;
+    bytes.push(b'\n');
+    fsio::write_atomic(&dir, &name, &bytes, "devices")
+        .with_context(|| format!("writing {}", dir.join(&name).display()))
+}
+
+pub fn load(ledger: &Ledger, key: &Key) -> Vec<HostLink> {
+    fsio::read_nofollow(
+        &host_dir(ledger).join(format!("{}.json", key.stem())),
+        MAX_FILE,
+    )
+    .ok()
+    .and_then(|b| serde_json::from_slice(&b).ok())
+    .unwrap_or_default()
+}
+
+pub fn forget(ledger: &Ledger, key: &Key) {
+    let _ = std::fs::remove_file(host_dir(ledger).join(format!("{}.json", key.stem())));
+}
+
+/// What a returned link was set to on the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Restored {
+    pub host_name: String,
+    pub mtu: u32,
+    pub up: bool,
+}
+
+/// Sets the host link `name` (renamed from `rename_from` first when given) to the state
+/// `was`, over a socket of the calling thread's namespace, the host's.
+pub fn restore(name: &str, rename_from: Option<&str>, was: &HostLink) -> Result<Restored, String> {
+    let current = rename_from.unwrap_or(name);
+    let index = read_num(&Path::new("/sys/class/net").join(current).join("ifindex"))
+        .ok_or_else(|| format!("{current} is not on the host"))?;
+    let mut conn = link::open().map_err(|e| format!("rtnetlink: {e}"))?;
+    if rename_from.is_some() {
+        drop_own_altname(&mut conn, index, name);
+    }
+    link::set(
+        &mut conn,
+        index,
+        rename_from.map(|_| name),
+        Some(was.mtu),
+        was.up,
+    )
+    .map_err(|e| {
+        format!(
+            "setting {current}{} to MTU {}, {}: {e}",
+            rename_from.map_or(String::new(), |_| format!(" (as {name})")),
+            was.mtu,
+            if was.up { "up" } else { "down" }
+        )
+    })?;
+    Ok(Restored {
+        host_name: name.to_string(),
+        mtu: was.mtu,
+        up: was.up,
+    })
+}
+
+/// udev made `name` an altname of the returned link itself (it does for a NIC back on
+/// the host under another name): it must go before the link can take it as its name.
+/// The request names the link, so only its own altname can go; none is no error.
+fn drop_own_altname(conn: &mut super::nl::Conn, index: u32, name: &str) {
+    let _ = conn.request(link::del_altname_request(index, name));
+}
+
+/// A device gc gave back after the fact.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Repaired {
+    /// Its name when gc found it (the pod's name, or the kernel's devN).
+    pub found_as: String,
+    pub bus_address: String,
+    pub host_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+    pub up: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The name the kernel gives a returned link: its name in the pod, else `devN`.
+fn kernel_return_name(name: &str, pod_name: &str) -> bool {
+    name == pod_name
+        || name
+            .strip_prefix("dev")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// What gc's repair would do with the host's links `links` for the recorded devices
+/// `recorded` (pure): (link, its host name) per device to give back. Only a link the
+/// recorded bus address names, down, under the name the kernel gives a returned link
+/// (its pod name or devN): a link up, or under any other name, is the host's own now.
+pub fn plan<'a>(
+    links: &'a [select::PodLink],
+    recorded: &[Recorded],
+    flags_up: &dyn Fn(&str) -> bool,
+) -> Vec<(&'a select::PodLink, String)> {
+    let mut taken: HashSet<String> = links.iter().map(|l| l.name.clone()).collect();
+    let mut out = Vec::new();
+    for r in recorded {
+        let Some(bus) = r.bus_address.as_deref() else {
+            continue;
+        };
+        let Some(l) = links
+            .iter()
+            .find(|l| l.hardware && l.bus_address.as_deref() == Some(bus))
+        else {
+            continue;
+        };
+        if flags_up(&l.name) || !kernel_return_name(&l.name, &r.pod_name) {
+            continue;
+        }
+        taken.remove(&l.name);
+        let (name, _) = naming::choose(l, Some(&r.host_name), &taken);
+        taken.insert(name.clone());
+        out.push((l, name));
+    }
+    out
+}
+
+/// gc's part when the namespace of a record made in this boot is gone and no DEL
+/// returned its devices: the kernel returned each NIC down under its pod name. Finds
+/// them on the host by the bus address the tail recorded and gives them back their
+/// host name and state. Never a link that is up, nor one under another name.
+pub fn repair(ledger: &Ledger, key: &Key, recorded: &[Recorded]) -> Vec<Repaired> {
+    let class_net = Path::new("/sys/class/net");
+    let Ok(links) = select::scan(class_net) else {
+        return Vec::new();
+    };
+    let up = |n: &str| read_num(&class_net.join(n).join("flags")).is_none_or(|f| f & IFF_UP != 0);
+    let states = load(ledger, key);
+    let mut out = Vec::new();
+    for (l, name) in plan(&links, recorded, &up) {
+        let bus = l.bus_address.clone().unwrap_or_default();
+        let was = states.iter().find(|s| s.bus_address == bus);
+        let rename = (l.name != name).then_some(l.name.as_str());
+        // Without the host's state from ADD, only the name comes back, and it stays down.
+        let res = match was {
+            Some(w) => restore(&name, rename, w).map(|r| (Some(r.mtu), r.up)),
+            None => restore_name_only(&name, rename).map(|()| (None, false)),
+        };
+        out.push(match res {
+            Ok((mtu, up)) => Repaired {
+                found_as: l.name.clone(),
+                bus_address: bus,
+                host_name: name,
+                mtu,
+                up,
+                error: None,
+            },
+            Err(e) => Repaired {
+                found_as: l.name.clone(),
+                bus_address: bus,
+                host_name: name,
+                mtu: None,
+                up: false,
+                error: Some(e),
+            },
+        });
+    }
+    out
+}
+
+fn restore_name_only(name: &str, rename_from: Option<&str>) -> Result<(), String> {
+    let Some(from) = rename_from else {
+        return Ok(());
+    };
+    let index = read_num(&Path::new("/sys/class/net").join(from).join("ifindex"))
+        .ok_or_else(|| format!("{from} is not on the host"))?;
+    let mut conn = link::open().map_err(|e| format!("rtnetlink: {e}"))?;
+    drop_own_altname(&mut conn, index, name);
+    link::set(&mut conn, index, Some(name), None, false)
+        .map_err(|e| format!("renaming {from} to {name}: {e}"))
+}
+
+/// Where gc keeps what it repaired, one file per attachment, until an operator removes
+/// it: `list` shows them, the metric `cni_ledger_devices_repaired` counts them.
+pub fn repaired_dir(ledger: &Ledger) -> PathBuf {
+    super::note::dir(ledger).join("repaired")
+}
+
+pub fn write_repaired(ledger: &Ledger, key: &Key, repaired: &[Repaired]) -> Result<PathBuf> {
+    super::note::mkdir_checked(&super::note::dir(ledger), ledger.root())?;
+    let dir = repaired_dir(ledger);
+    super::note::mkdir_checked(&dir, &super::note::dir(ledger))?;
+    let body = RepairNote {
+        network: key.network.clone(),
+        container_id: key.container_id.clone(),
+        ifname: key.ifname.clone(),
+        at: crate::time::rfc3339(crate::time::now()),
+        devices: repaired.to_vec(),
+    };
+    let name = format!("{}.json", key.stem());
+    let mut bytes = serde_json::to_vec(&body)?;
+    bytes.push(b'\n');
+    fsio::write_atomic(&dir, &name, &bytes, "devices")
+        .with_context(|| format!("writing {}", dir.join(&name).display()))?;
+    Ok(dir.join(name))
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RepairNote {
+    pub network: String,
+    pub container_id: String,
+    pub ifname: String,
+    pub at: String,
+    pub devices: Vec<Repaired>,
+}
+
+pub fn read_repaired(ledger: &Ledger) -> Vec<(PathBuf, RepairNote)> {
+    let Ok(rd) = std::fs::read_dir(repaired_dir(ledger)) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(PathBuf, RepairNote)> = rd
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            n.ends_with(".json") && !n.starts_with(fsio::TMP_PREFIX)
+        })
+        .filter_map(|e| {
+            let p = e.path();
+            let b = fsio::read_nofollow(&p, MAX_FILE).ok()?;
+            Some((p, serde_json::from_slice(&b).ok()?))
+        })
+        .collect();
+    out.sort_by(|a, b| (&a.1.at, &a.0).cmp(&(&b.1.at, &b.0)));
+    out
+}
+
+pub fn repaired_count(ledger: &Ledger) -> usize {
+    std::fs::read_dir(repaired_dir(ledger))
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// One line per device: `net1 (0000:00:05.0) -> enp0s5, up, MTU 1500`.
+pub fn summary(devices: &[Repaired]) -> String {
+    devices
+        .iter()
+        .map(|d| {
+            let state = match (&d.error, d.mtu) {
+                (Some(e), _) => format!("failed: {e}"),
+                (None, Some(m)) => format!("{}, MTU {m}", if d.up { "up" } else { "down" }),
+                (None, None) => "down (no host state recorded)".into(),
+            };
+            format!(
+                "{} ({}) -> {}, {state}",
+                d.found_as, d.bus_address, d.host_name
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn l(name: &str, bus: &str) -> select::PodLink {
+        select::PodLink {
+            name: name.into(),
+            ifindex: 3,
+            alias: Some("cni0".into()),
+            bus_address: Some(bus.into()),
+            pci_address: Some("0000:00:05.0".into()),
+            hardware: true,
+            loopback: false,
+            pci_multifunction: false,
+            dev_port: 0,
+            mac: Some("52:54:00:12:34:56".into()),
+            pci_slot: None,
+        }
+    }
+
+    fn rec(pod: &str, bus: &str, host: &str) -> Recorded {
+        Recorded {
+            pod_name: pod.into(),
+            ifindex: 9,
+            bus_address: Some(bus.into()),
+            host_name: host.into(),
+        }
+    }
+
+    #[test]
+    fn plan_takes_only_a_down_link_under_the_kernels_return_name() {
+        let links = vec![
+            l("net1", "virtio1"),
+            l("enp0s6", "virtio2"),
+            l("dev3", "virtio3"),
+        ];
+        let down = |_: &str| false;
+        let recorded = vec![
+            rec("net1", "virtio1", "enp0s5"),
+            // Its name is not the pod's nor devN: the host's own now.
+            rec("net2", "virtio2", "enp0s7"),
+            rec("net3", "virtio3", "enp0s8"),
+            // Nothing on the host with that bus address: still in some namespace.
+            rec("net4", "virtio4", "enp0s9"),
+        ];
+        let p = plan(&links, &recorded, &down);
+        let got: Vec<(&str, &str)> = p
+            .iter()
+            .map(|(l, n)| (l.name.as_str(), n.as_str()))
+            .collect();
+        assert_eq!(got, vec![("net1", "enp0s5"), ("dev3", "enp0s8")]);
+        // A link that is up is never touched.
+        let up = |n: &str| n == "net1";
+        let p = plan(&links, &recorded, &up);
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].0.name, "dev3");
+    }
+
+    #[test]
+    fn plan_never_takes_a_name_in_use_and_never_the_alias() {
+        let links = vec![l("net1", "virtio1"), l("enp0s5", "other")];
+        let p = plan(&links, &[rec("net1", "virtio1", "enp0s5")], &|_| false);
+        // enp0s5 is taken: the next rule (the bus address) names it, never "cni0".
+        assert_eq!(p.len(), 1);
+        assert_ne!(p[0].1, "enp0s5");
+        assert_ne!(p[0].1, "cni0");
+        assert_eq!(p[0].1, "enx525400123456");
+    }
+
+    #[test]
+    fn set_request_layout() {
+        let b = link::set_request(5, Some("enp0s5"), Some(1500), true);
+        assert_eq!(u16::from_ne_bytes([b[4], b[5]]), 19);
+        // ifinfomsg: flags IFF_UP, change IFF_UP.
+        assert_eq!(u32::from_ne_bytes(b[24..28].try_into().unwrap()), 1);
+        assert_eq!(u32::from_ne_bytes(b[28..32].try_into().unwrap()), 1);
+        let attrs = &b[32..];
+        assert_eq!(attrs[..4], [11, 0, 3, 0]);
+        assert_eq!(&attrs[4..11], b"enp0s5\0");
+        // IFLA_MTU (4) = 1500 after the padded name.
+        assert_eq!(attrs[12..16], [8, 0, 4, 0]);
+        assert_eq!(u32::from_ne_bytes(attrs[16..20].try_into().unwrap()), 1500);
+    }
+
+    #[test]
+    fn del_altname_request_layout() {
+        let b = link::del_altname_request(5, "ens9");
+        // RTM_DELLINKPROP (109); IFLA_PROP_LIST (52, nested) holding IFLA_ALT_IFNAME (53).
+        assert_eq!(u16::from_ne_bytes([b[4], b[5]]), 109);
+        assert_eq!(i32::from_ne_bytes(b[20..24].try_into().unwrap()), 5);
+        let attrs = &b[32..];
+        assert_eq!(u16::from_ne_bytes([attrs[2], attrs[3]]), 52 | 0x8000);
+        assert_eq!(u16::from_ne_bytes([attrs[6], attrs[7]]), 53);
+        assert_eq!(&attrs[8..13], b"ens9\0");
+    }
+
+    #[test]
+    fn snapshot_reads_only_hardware_links() {
+        let root = std::env::temp_dir().join(format!("cl-state-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let net = root.join("class/net");
+        for (n, hw, mtu, flags) in [
+            ("eth0", true, "1500", "0x1003"),
+            ("veth1", false, "1500", "0x1003"),
+            ("enp0s5", true, "9000", "0x1002"),
+        ] {
+            let d = net.join(n);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("mtu"), format!("{mtu}\n")).unwrap();
+            std::fs::write(d.join("flags"), format!("{flags}\n")).unwrap();
+            if hw {
+                std::os::unix::fs::symlink(
+                    format!("../../devices/pci0000:00/bus-{n}"),
+                    d.join("device"),
+                )
+                .unwrap();
+            }
+        }
+        let s = snapshot(&net);
+        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(
+            s,
+            vec![
+                HostLink {
+                    name: "enp0s5".into(),
+                    bus_address: "bus-enp0s5".into(),
+                    mtu: 9000,
+                    up: false
+                },
+                HostLink {
+                    name: "eth0".into(),
+                    bus_address: "bus-eth0".into(),
+                    mtu: 1500,
+                    up: true
+                },
+            ]
+        );
+    }
+}
