@@ -1,6 +1,6 @@
 //! `cni-ledger verify`: read every record and snapshot, report damage, change nothing.
 
-use crate::ledger::{Damage, Decoded, Ledger, Snapshot};
+use crate::ledger::{Damage, Decoded, Entry, Ledger, Snapshot};
 use anyhow::Result;
 use std::path::PathBuf;
 
@@ -10,52 +10,52 @@ pub struct Args {
     ledger_dir: PathBuf,
 }
 
-pub fn run(args: Args) -> Result<i32> {
-    let ledger = Ledger::at(&args.ledger_dir);
-    let mut problems = Vec::new();
-    let mut records = 0usize;
-    let mut newer = Vec::new();
-    let mut referenced = std::collections::HashSet::new();
-    ledger.for_each(|e| match e.decoded {
-        Decoded::Ok(r) => {
-            records += 1;
-            if let Some(s) = r.snapshot {
-                referenced.insert(s);
+/// What the records (or the retired records) say, as `verify` reports it.
+#[derive(Default)]
+struct Tally {
+    problems: Vec<String>,
+    newer: Vec<String>,
+    referenced: std::collections::HashSet<String>,
+}
+
+impl Tally {
+    /// Counts one entry: true when it is a whole record of this format.
+    fn entry(&mut self, e: Entry) -> bool {
+        let path = e.path.display();
+        match e.decoded {
+            Decoded::Ok(r) => {
+                self.referenced.extend(r.snapshot);
+                return true;
+            }
+            // Not damage: left whole for the binary that wrote it (after a rollback).
+            Decoded::Newer(v) => self.newer.push(format!(
+                "{path}: format {v}, newer format, left for a newer binary"
+            )),
+            Decoded::Damaged(Damage { reason, detail }) => {
+                self.problems.push(format!("{path}: {reason}: {detail}"))
+            }
+            Decoded::Unreadable(error) => {
+                self.problems.push(format!("{path}: unreadable: {error}"))
             }
         }
-        // Not damage: left whole for the binary that wrote it (after a rollback).
-        Decoded::Newer(v) => newer.push(format!(
-            "{}: format {v}, newer format, left for a newer binary",
-            e.path.display()
-        )),
-        Decoded::Damaged(Damage { reason, detail }) => {
-            problems.push(format!("{}: {reason}: {detail}", e.path.display()))
-        }
-        Decoded::Unreadable(error) => {
-            problems.push(format!("{}: unreadable: {error}", e.path.display()))
-        }
-    })?;
+        false
+    }
+}
+
+pub fn run(args: Args) -> Result<i32> {
+    let ledger = Ledger::at(&args.ledger_dir);
+    let mut tally = Tally::default();
+    let mut records = 0usize;
+    ledger.for_each(|e| records += usize::from(tally.entry(e)))?;
     // Records set aside while their ADD was in the chain (docs/CHAIN.md): held to the
     // same integrity rules, counted apart.
     let mut retired = 0usize;
-    ledger.for_each_retired(|e| match e.decoded {
-        Decoded::Ok(r) => {
-            retired += 1;
-            if let Some(s) = r.snapshot {
-                referenced.insert(s);
-            }
-        }
-        Decoded::Newer(v) => newer.push(format!(
-            "{}: format {v}, newer format, left for a newer binary",
-            e.path.display()
-        )),
-        Decoded::Damaged(Damage { reason, detail }) => {
-            problems.push(format!("{}: {reason}: {detail}", e.path.display()))
-        }
-        Decoded::Unreadable(error) => {
-            problems.push(format!("{}: unreadable: {error}", e.path.display()))
-        }
-    })?;
+    ledger.for_each_retired(|e| retired += usize::from(tally.entry(e)))?;
+    let Tally {
+        mut problems,
+        newer,
+        referenced,
+    } = tally;
     let hashes = ledger.snapshot_hashes()?;
     for hash in &hashes {
         if let Snapshot::Damaged(reason) = ledger.get_snapshot(hash)? {
