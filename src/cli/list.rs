@@ -242,6 +242,23 @@ fn damaged_row(ledger: &Ledger, d: Damaged) -> OtherRow {
     }
 }
 
+/// One row out: an element of the JSON array (`json`), else a line of the table.
+fn emit(
+    r: &Row,
+    json: Option<&Mutex<JsonArray>>,
+    cells: &mut Vec<Vec<String>>,
+    now: i64,
+) -> std::io::Result<()> {
+    let Some(json) = json else {
+        cells.push(table_cells(r, now));
+        return Ok(());
+    };
+    let bytes = serde_json::to_vec_pretty(r).map_err(std::io::Error::from)?;
+    json.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push_raw(&bytes)
+}
+
 /// Writes JSON array elements from several threads, commas and all.
 struct JsonArray {
     out: std::io::BufWriter<super::out::Stdout>,
@@ -375,19 +392,8 @@ pub fn run(args: Args) -> Result<i32> {
                     left_after: args.chain_left_after,
                 };
                 let r = row(&rec, &boot, clock, &e.path, cri.as_ref(), chain, &node);
-                if args.json {
-                    let pushed = serde_json::to_vec_pretty(&r)
-                        .map_err(std::io::Error::from)
-                        .and_then(|bytes| {
-                            json.lock()
-                                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                                .push_raw(&bytes)
-                        });
-                    if let Err(err) = pushed {
-                        acc.error.get_or_insert(err);
-                    }
-                } else {
-                    acc.cells.push(table_cells(&r, now));
+                if let Err(err) = emit(&r, args.json.then_some(&json), &mut acc.cells, now) {
+                    acc.error.get_or_insert(err);
                 }
             }
             Decoded::Newer(v) => acc.others.push(OtherRow {
@@ -444,19 +450,8 @@ pub fn run(args: Args) -> Result<i32> {
             let mut r = row(&rec, &boot, clock, &e.path, cri.as_ref(), chain, &node);
             r.chain_state = "retired";
             r.add_seconds = None;
-            if args.json {
-                let pushed = serde_json::to_vec_pretty(&r)
-                    .map_err(std::io::Error::from)
-                    .and_then(|bytes| {
-                        json.lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .push_raw(&bytes)
-                    });
-                if let Err(err) = pushed {
-                    retired_error.get_or_insert(err);
-                }
-            } else {
-                cells.push(table_cells(&r, now));
+            if let Err(err) = emit(&r, args.json.then_some(&json), &mut cells, now) {
+                retired_error.get_or_insert(err);
             }
         }
         Decoded::Newer(v) => others.push(OtherRow {
