@@ -1,5 +1,6 @@
 //! A namespace any process or mount on the node still holds is live (issue 30, item 2),
-//! as users deploy it: a real containerd in a mount namespace of its own, as a unit with
+//! as users deploy it: a real containerd (Debian's 1.6, and unstable's 2.x unpacked under
+//! target/ by scripts/fetch-unstable.sh) in a mount namespace of its own, as a unit with
 //! `MountFlags=slave` or `PrivateMounts` runs it (`unshare -m --propagation slave`),
 //! makes pods through CRI; its netns pins (`/var/run/netns/cni-...`) are mounts only it
 //! and its shims see, and the node sees the empty files under them. cni-ledger runs as
@@ -255,6 +256,18 @@ impl Drop for RuntimeProcs {
 fn containerd_in_its_own_mount_namespace_keeps_its_pods_through_gc_and_the_agent() {
     require_root!();
     require_tools!("target/test-venv");
+    keeps_pods_of_a_runtime_with_its_own_mounts(ContainerdVersion::V1_6);
+}
+
+/// The same with containerd 2.x (unpacked under target/ by scripts/fetch-unstable.sh).
+#[test]
+fn containerd_2_in_its_own_mount_namespace_keeps_its_pods_through_gc_and_the_agent() {
+    require_root!();
+    require_tools!("target/test-venv");
+    keeps_pods_of_a_runtime_with_its_own_mounts(ContainerdVersion::V2);
+}
+
+fn keeps_pods_of_a_runtime_with_its_own_mounts(version: ContainerdVersion) {
     let ds = daemonset();
     let net = Netns::new();
     run_ok(Command::new("ip").args(["-n", net.name(), "link", "set", "lo", "up"]));
@@ -319,13 +332,15 @@ fn containerd_in_its_own_mount_namespace_keeps_its_pods_through_gc_and_the_agent
 
     // containerd in a mount namespace of its own, on the node's CNI dirs.
     let tarball = build_pause_image(tmp.path());
-    let dir = Containerd::configure_dirs(
+    let dir = Containerd::configure_dirs_version(
+        version,
         &tmp.path().join("containerd"),
         Containerd::DEFAULT_SOCKET,
         Path::new("/opt/cni/bin"),
         Path::new("/etc/cni/net.d"),
     );
     let mut ctrd = Containerd::launch_own_mounts(
+        version,
         &dir,
         node.net.name(),
         &node.mounts,

@@ -316,24 +316,18 @@ impl Containerd {
         Self::launch_with(version, dir, netns, private, socket, false)
     }
 
-    /// containerd 1.6 as a unit with `MountFlags=slave` (or `PrivateMounts`) runs it: in
-    /// a mount namespace of its own (`unshare -m --propagation slave`) made inside
+    /// `version`'s containerd as a unit with `MountFlags=slave` (or `PrivateMounts`) runs
+    /// it: in a mount namespace of its own (`unshare -m --propagation slave`) made inside
     /// `node`'s, so the netns pins it mounts under `/run/netns` are seen by it, its shims
     /// and their children only; the files under them are the node's.
     pub fn launch_own_mounts(
+        version: ContainerdVersion,
         dir: &Path,
         netns: &str,
         node: &PrivateRun,
         socket: &str,
     ) -> Containerd {
-        Self::launch_with(
-            ContainerdVersion::V1_6,
-            dir,
-            netns,
-            Some(node),
-            socket,
-            true,
-        )
+        Self::launch_with(version, dir, netns, Some(node), socket, true)
     }
 
     fn launch_with(
