@@ -540,6 +540,8 @@ fn keeps_pods_of_a_runtime_with_its_own_mounts(version: ContainerdVersion) {
         json!("netns-not-namespace"),
         "{rep:#}"
     );
+    // Its DEL was pointed at no namespace: the file is not the pod's.
+    assert_eq!(rep["records"][0]["replayNetns"], Value::Null, "{rep:#}");
     assert!(node.record(network, &gone.id).is_none());
     assert!(
         node.address(network, &gone.id).is_none(),
