@@ -27,35 +27,9 @@ use common::*;
 use cri_common::*;
 use serde_json::{json, Value};
 
-fn manifest() -> PathBuf {
-    repo().join("deploy/kubernetes/cni-ledger.yaml")
-}
-
 fn ok(out: Output, what: &str) -> Output {
     assert!(out.status.success(), "{what}: {}", describe(&out));
     out
-}
-
-/// The manifest's DaemonSet as JSON.
-fn daemonset() -> Value {
-    let out = ok(
-        Command::new(venv_bin("python3"))
-            .args([
-                "-c",
-                "import json, sys, yaml; print(json.dumps(list(yaml.safe_load_all(open(sys.argv[1])))))",
-            ])
-            .arg(manifest())
-            .output()
-            .unwrap(),
-        "reading the manifest",
-    );
-    let docs: Value = serde_json::from_slice(&out.stdout).unwrap();
-    docs.as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["kind"] == "DaemonSet")
-        .expect("a DaemonSet in the manifest")
-        .clone()
 }
 
 /// The node's paths that are made fresh for the test (tmpfs in the node's mount

@@ -313,6 +313,31 @@ impl Containerd {
         private: Option<&PrivateRun>,
         socket: &str,
     ) -> Containerd {
+        Self::launch_with(version, dir, netns, private, socket, false)
+    }
+
+    /// `version`'s containerd as a unit with `MountFlags=slave` (or `PrivateMounts`) runs
+    /// it: in a mount namespace of its own (`unshare -m --propagation slave`) made inside
+    /// `node`'s, so the netns pins it mounts under `/run/netns` are seen by it, its shims
+    /// and their children only; the files under them are the node's.
+    pub fn launch_own_mounts(
+        version: ContainerdVersion,
+        dir: &Path,
+        netns: &str,
+        node: &PrivateRun,
+        socket: &str,
+    ) -> Containerd {
+        Self::launch_with(version, dir, netns, Some(node), socket, true)
+    }
+
+    fn launch_with(
+        version: ContainerdVersion,
+        dir: &Path,
+        netns: &str,
+        private: Option<&PrivateRun>,
+        socket: &str,
+        own_mounts: bool,
+    ) -> Containerd {
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -337,8 +362,12 @@ impl Containerd {
         }
         let containerd =
             bin_dir.map_or_else(|| PathBuf::from("containerd"), |b| b.join("containerd"));
+        cmd.arg(format!("--net=/run/netns/{netns}"));
+        if own_mounts {
+            // unshare execs containerd: the child's PID is still containerd's.
+            cmd.args(["unshare", "--mount", "--propagation", "slave"]);
+        }
         let child = cmd
-            .arg(format!("--net=/run/netns/{netns}"))
             .arg(containerd)
             .arg("--config")
             .arg(dir.join("config.toml"))
@@ -363,6 +392,24 @@ impl Containerd {
             std::thread::sleep(Duration::from_millis(200));
         }
         c
+    }
+
+    /// containerd's PID while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The PID of the sandbox's task (its pause process), as `ctr tasks ls` shows it.
+    pub fn task_pid(&self, id: &str) -> u32 {
+        let out = self.ctr(&["tasks", "ls"]);
+        assert!(out.status.success(), "{}", describe(&out));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.first() == Some(&id)).then(|| f.get(1)?.parse().ok())?
+            })
+            .unwrap_or_else(|| panic!("no task {id}: {}", describe(&out)))
     }
 
     /// Killed as a crash kills it: its socket stays, and nothing answers there.
@@ -501,4 +548,25 @@ impl Drop for Containerd {
         }
         self.stop();
     }
+}
+
+/// The DaemonSet of deploy/kubernetes/cni-ledger.yaml as JSON (read with the test venv's
+/// PyYAML): the tests run the agent with its args, so the two cannot drift.
+pub fn daemonset() -> serde_json::Value {
+    let manifest = repo().join("deploy/kubernetes/cni-ledger.yaml");
+    let out = run_ok(
+        Command::new(venv_bin("python3"))
+            .args([
+                "-c",
+                "import json, sys, yaml; print(json.dumps(list(yaml.safe_load_all(open(sys.argv[1])))))",
+            ])
+            .arg(&manifest),
+    );
+    let docs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    docs.as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["kind"] == "DaemonSet")
+        .expect("a DaemonSet in the manifest")
+        .clone()
 }

@@ -1,0 +1,565 @@
+//! A namespace any process or mount on the node still holds is live (issue 30, item 2),
+//! as users deploy it: a real containerd (Debian's 1.6, and unstable's 2.x unpacked under
+//! target/ by scripts/fetch-unstable.sh) in a mount namespace of its own, as a unit with
+//! `MountFlags=slave` or `PrivateMounts` runs it (`unshare -m --propagation slave`),
+//! makes pods through CRI; its netns pins (`/var/run/netns/cni-...`) are mounts only it
+//! and its shims see, and the node sees the empty files under them. cni-ledger runs as
+//! shipped: the agent with the DaemonSet's args (read from deploy/kubernetes, so they
+//! cannot drift) injects itself and runs gc, and `gc` runs from the node's mount
+//! namespace with the systemd unit's ExecStart (packaging/systemd, install.sh's default
+//! paths) plus `--grace 0`. Every pod keeps its address, its eth0 and its record; `list`
+//! says what holds each. The controls: a pod removed through CRI goes by the runtime's
+//! own DEL; a pod whose pause process is killed and whose pin is unmounted inside the
+//! runtime's mount namespace is released by the next gc; the last pod once its mount
+//! namespace died with its last process.
+//!
+//! The node is a mount namespace of the test's (`PrivateRun`) where the node's paths are
+//! fresh tmpfs, and a network namespace of its own. Needs root, containerd, gcc, curl and
+//! target/test-venv (PyYAML, for the manifest).
+//!
+//!     cargo test --features testing --test cri_mountns
+// Tests may unwrap: a panic there is a failed test with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod agent_common;
+mod common;
+mod cri_common;
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use agent_common::*;
+use common::*;
+use cri_common::*;
+use serde_json::{json, Value};
+
+/// The node's paths, fresh for the test: install.sh's and the manifest's defaults.
+const NODE_DIRS: [&str; 6] = [
+    "/etc/cni/net.d",
+    "/opt/cni/bin",
+    "/var/lib/cni",
+    "/var/lib/cni-ledger",
+    "/run/netns",
+    "/run/containerd",
+];
+
+/// install.sh's default for `name` (`DEFAULT_BIN_DIR=/opt/cni/bin`).
+fn install_default(name: &str) -> String {
+    let script = fs::read_to_string(repo().join("install.sh")).unwrap();
+    let prefix = format!("{name}=");
+    script
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("install.sh sets no {name}"))
+        .to_string()
+}
+
+/// The gc unit's command line as install.sh renders it with its defaults.
+fn gc_unit_command() -> Vec<String> {
+    let unit = fs::read_to_string(repo().join("packaging/systemd/cni-ledger-gc.service")).unwrap();
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .expect("the gc unit has an ExecStart");
+    let binary = format!("{}/cni-ledger", install_default("DEFAULT_BIN_DIR"));
+    let ledger = install_default("DEFAULT_LEDGER_DIR");
+    let conf = install_default("DEFAULT_CONF_DIR");
+    exec.split_whitespace()
+        .map(|w| {
+            w.replace("@BINARY@", &binary)
+                .replace("@LEDGER_DIR@", &ledger)
+                .replace("@CONF_DIR@", &conf)
+        })
+        .collect()
+}
+
+/// The node: its mount namespace (`PrivateRun`) and network namespace, where the node's
+/// tools (cni-ledger, gc, the agent) run.
+struct Node {
+    mounts: PrivateRun,
+    net: Netns,
+}
+
+impl Node {
+    /// `cmd` run on the node, as a unit or a shell there runs it.
+    fn cmd(&self, argv: &[String]) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--mount={}", self.mounts.mnt()))
+            .arg(format!("--net={}", self.net.path_str()))
+            .arg("--")
+            .args(argv);
+        c
+    }
+
+    /// The gc unit's run, plus `extra`: its exit code and JSON report.
+    fn gc(&self, extra: &[&str]) -> (i32, Value, Output) {
+        let mut argv = gc_unit_command();
+        argv.extend(extra.iter().map(|s| s.to_string()));
+        let out = self.cmd(&argv).output().unwrap();
+        let v = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("gc printed no JSON ({e}): {}", describe(&out)));
+        (out.status.code().unwrap_or(-1), v, out)
+    }
+
+    fn list(&self) -> Vec<Value> {
+        // An operator's look, on the unit's binary and ledger.
+        let unit = gc_unit_command();
+        let ledger = unit.iter().skip_while(|w| *w != "--ledger-dir").nth(1);
+        let argv = [
+            unit[0].clone(),
+            "list".into(),
+            "--ledger-dir".into(),
+            ledger.expect("the unit names the ledger").clone(),
+            "--json".into(),
+        ];
+        let out = self.cmd(&argv).output().unwrap();
+        assert!(out.status.success(), "list: {}", describe(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    fn record(&self, network: &str, id: &str) -> Option<Value> {
+        let path = self
+            .mounts
+            .reach("/var/lib/cni-ledger/records")
+            .join(format!("{network}:{id}:eth0.json"));
+        let doc: Value = serde_json::from_slice(&fs::read(path).ok()?).ok()?;
+        Some(doc["record"].clone())
+    }
+
+    /// The address host-local holds for a pod: its file in the node's IPAM dir.
+    fn address(&self, network: &str, id: &str) -> Option<String> {
+        fs::read_dir(self.mounts.reach("/var/lib/cni/networks").join(network))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find(|e| {
+                e.file_name().to_string_lossy().contains('.')
+                    && fs::read_to_string(e.path()).is_ok_and(|s| s.lines().next() == Some(id))
+            })
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+    }
+}
+
+/// `/proc/<pid>/ns/<ns>` as its link reads (`mnt:[4026531841]`).
+fn ns_of(pid: u32, ns: &str) -> String {
+    fs::read_link(format!("/proc/{pid}/ns/{ns}"))
+        .map(|l| l.display().to_string())
+        .unwrap_or_default()
+}
+
+/// Every process in the mount namespace `mnt` (containerd and its shims).
+fn in_mount_ns(mnt: &str) -> Vec<u32> {
+    fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|&pid| ns_of(pid, "mnt") == mnt)
+        .collect()
+}
+
+fn dev_ino(path: &Path) -> Option<(u64, u64)> {
+    fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// The IPv4 address on eth0 in the network namespace of `pid`, seen from inside.
+fn eth0_of(pid: u32) -> Option<String> {
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/proc/{pid}/ns/net"))
+        .args(["ip", "-j", "-4", "addr", "show", "dev", "eth0"])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    v[0]["addr_info"][0]["local"].as_str().map(str::to_string)
+}
+
+/// The runtime's processes, killed on drop (containerd's own drop stops only a
+/// containerd still running): the pods' pause processes, and whatever is left in the
+/// runtime's mount namespace (its shims), which dies with them. The cgroups runc made
+/// for pods killed behind containerd's back are removed once empty.
+struct RuntimeProcs {
+    mnt: String,
+    pauses: Vec<u32>,
+    cgroups: Vec<PathBuf>,
+}
+
+impl RuntimeProcs {
+    /// A pod's pause process, and its cgroups (named by its sandbox `id`).
+    fn add_pause(&mut self, pid: u32, id: &str) {
+        self.pauses.push(pid);
+        for line in fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .unwrap_or_default()
+            .lines()
+        {
+            let mut f = line.splitn(3, ':').skip(1);
+            let (Some(ctrls), Some(path)) = (f.next(), f.next()) else {
+                continue;
+            };
+            if !path.ends_with(id) {
+                continue;
+            }
+            let ctrl = if ctrls.is_empty() {
+                "unified"
+            } else {
+                ctrls.trim_start_matches("name=")
+            };
+            for root in [format!("/sys/fs/cgroup/{ctrl}"), "/sys/fs/cgroup".into()] {
+                let dir = PathBuf::from(format!("{root}{path}"));
+                if dir.is_dir() {
+                    self.cgroups.push(dir);
+                    break;
+                }
+            }
+        }
+    }
+
+    fn kill(pids: &[u32]) {
+        for pid in pids {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .output();
+        }
+        for pid in pids {
+            assert!(process_gone(*pid, 10), "pid {pid} did not exit");
+        }
+    }
+
+    /// The pause processes, then everything in the runtime's mount namespace.
+    fn kill_all(&mut self) {
+        Self::kill(&std::mem::take(&mut self.pauses));
+        Self::kill(&in_mount_ns(&self.mnt));
+    }
+}
+
+impl Drop for RuntimeProcs {
+    fn drop(&mut self) {
+        for pid in self.pauses.iter().copied().chain(in_mount_ns(&self.mnt)) {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .output();
+        }
+        for dir in &self.cgroups {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while dir.exists()
+                && fs::remove_dir(dir).is_err()
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+#[test]
+fn containerd_in_its_own_mount_namespace_keeps_its_pods_through_gc_and_the_agent() {
+    require_root!();
+    require_tools!("target/test-venv");
+    keeps_pods_of_a_runtime_with_its_own_mounts(ContainerdVersion::V1_6);
+}
+
+/// The same with containerd 2.x (unpacked under target/ by scripts/fetch-unstable.sh).
+#[test]
+fn containerd_2_in_its_own_mount_namespace_keeps_its_pods_through_gc_and_the_agent() {
+    require_root!();
+    require_tools!("target/test-venv");
+    keeps_pods_of_a_runtime_with_its_own_mounts(ContainerdVersion::V2);
+}
+
+fn keeps_pods_of_a_runtime_with_its_own_mounts(version: ContainerdVersion) {
+    let ds = daemonset();
+    let net = Netns::new();
+    run_ok(Command::new("ip").args(["-n", net.name(), "link", "set", "lo", "up"]));
+    let node = Node {
+        mounts: PrivateRun::over(&NODE_DIRS),
+        net,
+    };
+    let bin = node.mounts.reach("/opt/cni/bin");
+    for p in ["loopback", "bridge", "host-local", "portmap"] {
+        std::os::unix::fs::symlink(Path::new(CNI_PLUGIN_DIR).join(p), bin.join(p)).unwrap();
+    }
+    let network = "clmntns";
+    let conf = node.mounts.reach("/etc/cni/net.d/10-pods.conflist");
+    let plain = json!({"cniVersion": "1.0.0", "name": network, "plugins": [
+        {"type": "bridge", "bridge": "clmntns0", "isGateway": true,
+         "ipam": {"type": "host-local", "subnet": "198.18.251.0/24"}},
+        {"type": "portmap", "capabilities": {"portMappings": true}}]});
+    fs::write(&conf, serde_json::to_vec_pretty(&plain).unwrap()).unwrap();
+
+    // The agent with the DaemonSet's args: it installs itself and puts the ledger (and
+    // its tail) into the chain before the runtime loads it.
+    let tmp = TempDir::new("crimnt");
+    let mut args = Vec::new();
+    for a in ds["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+    {
+        let a = a.as_str().unwrap();
+        // What kubelet fills in and the node's root (its init's: here the node's holder)
+        // differ; gc every second instead of every 5 minutes. `Agent` adds --listen.
+        if a.starts_with("--listen=") {
+            continue;
+        }
+        args.push(if a.starts_with("--probe-listen=") {
+            format!("--probe-listen=127.0.0.1:{}", free_port())
+        } else if a == "--node-root=/proc/1/root" {
+            format!("--node-root={}", node.mounts.root())
+        } else if a.starts_with("--gc-interval=") {
+            "--gc-interval=1".to_string()
+        } else {
+            a.to_string()
+        });
+    }
+    // Not in the manifest (its default is 60 s): no grace, so every run judges every pod.
+    args.push("--grace=0".into());
+    let mut agent = Agent::start_in_mounts(
+        &ledger_bin(),
+        &args,
+        &tmp.path().join("agent.log"),
+        node.net.name(),
+        &node.mounts.mnt(),
+    );
+    wait_for(Duration::from_secs(30), || agent.get("/readyz").0 == 200)
+        .unwrap_or_else(|| panic!("/readyz never 200:\n{}", agent.log_text()));
+    assert!(ledger_first(&conf), "{}", agent.log_text());
+    let chain = types_in(&conf);
+    assert_eq!(
+        chain.last().map(String::as_str),
+        Some("cni-ledger"),
+        "{chain:?}"
+    );
+
+    // containerd in a mount namespace of its own, on the node's CNI dirs.
+    let tarball = build_pause_image(tmp.path());
+    let dir = Containerd::configure_dirs_version(
+        version,
+        &tmp.path().join("containerd"),
+        Containerd::DEFAULT_SOCKET,
+        Path::new("/opt/cni/bin"),
+        Path::new("/etc/cni/net.d"),
+    );
+    let mut ctrd = Containerd::launch_own_mounts(
+        version,
+        &dir,
+        node.net.name(),
+        &node.mounts,
+        Containerd::DEFAULT_SOCKET,
+    );
+    let ctrd_pid = ctrd.pid().unwrap();
+    let runtime_mnt = ns_of(ctrd_pid, "mnt");
+    let node_mnt = fs::read_link(node.mounts.mnt())
+        .unwrap()
+        .display()
+        .to_string();
+    assert_ne!(runtime_mnt, node_mnt, "containerd shares the node's mounts");
+    let mut procs = RuntimeProcs {
+        mnt: runtime_mnt.clone(),
+        pauses: Vec::new(),
+        cgroups: Vec::new(),
+    };
+    let out = ctrd.ctr(&["images", "import", tarball.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", describe(&out));
+
+    // Three pods through CRI: `keep` lives on, `gone` loses its pause and its pin,
+    // `removed` is stopped and removed by the runtime.
+    struct Pod {
+        id: String,
+        pause: u32,
+        netns: String,
+        addr: String,
+    }
+    let mut pods = Vec::new();
+    for (name, port) in [("keep", 18201), ("gone", 18202), ("removed", 18203)] {
+        let id = ctrd.run_sandbox(name, port);
+        let pause = ctrd.task_pid(&id);
+        procs.add_pause(pause, &id);
+        let rec = node
+            .record(network, &id)
+            .unwrap_or_else(|| panic!("{name} unrecorded:\n{}", agent.log_text()));
+        let netns = rec["netns"].as_str().unwrap().to_string();
+        assert!(netns.starts_with("/var/run/netns/cni-"), "{rec}");
+        let addr = node
+            .address(network, &id)
+            .unwrap_or_else(|| panic!("{name}: no address held"));
+        assert_eq!(eth0_of(pause).as_deref(), Some(addr.as_str()), "{name}");
+        // The pin is the pod's namespace in the runtime's mount namespace only: the
+        // node sees the empty file under it. Otherwise this test proves nothing.
+        let pod_ns = dev_ino(Path::new(&format!("/proc/{pause}/ns/net")));
+        // /var/run is an absolute link to /run, which a path through /proc/PID/root
+        // would resolve in the test's root: the link's target, spelled out.
+        let run_path = netns.trim_start_matches("/var").to_string();
+        let inside = format!("/proc/{ctrd_pid}/root{run_path}");
+        assert_eq!(
+            dev_ino(Path::new(&inside)),
+            pod_ns,
+            "{name}: no pin at {netns}"
+        );
+        let seen = node.mounts.reach(&run_path);
+        let meta = fs::metadata(&seen).unwrap();
+        assert_eq!(meta.len(), 0);
+        assert_ne!(
+            Some((meta.dev(), meta.ino())),
+            pod_ns,
+            "the node sees the pin"
+        );
+        pods.push(Pod {
+            id,
+            pause,
+            netns,
+            addr,
+        });
+    }
+    let [keep, gone, removed] = &pods[..] else {
+        unreachable!()
+    };
+    let records = |node: &Node| -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(node.mounts.reach("/var/lib/cni-ledger/records"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let all_records = records(&node);
+    assert_eq!(all_records.len(), 3, "{all_records:?}");
+    let assert_kept = |node: &Node, pod: &Pod, when: &str| {
+        assert!(
+            node.record(network, &pod.id).is_some(),
+            "{when}: record gone"
+        );
+        assert_eq!(
+            node.address(network, &pod.id).as_deref(),
+            Some(pod.addr.as_str()),
+            "{when}: address released"
+        );
+        assert_eq!(
+            eth0_of(pod.pause).as_deref(),
+            Some(pod.addr.as_str()),
+            "{when}: eth0 gone from the pod"
+        );
+    };
+
+    // The agent's gc runs, every second, with no grace: every pod kept, and said why.
+    let runs = r#"cni_ledger_gc_runs_total{result="ok"}"#;
+    let before = sample(&agent.metrics(), runs).unwrap_or(0.0);
+    wait_for(Duration::from_secs(20), || {
+        sample(&agent.metrics(), runs).unwrap_or(0.0) >= before + 2.0
+    })
+    .unwrap_or_else(|| panic!("no agent gc runs:\n{}", agent.log_text()));
+    for pod in &pods {
+        assert_kept(&node, pod, "after the agent's gc");
+    }
+    assert_eq!(records(&node), all_records, "{}", agent.log_text());
+    // It asked containerd at its default socket in the node's root, as a node's agent does.
+    assert!(
+        agent
+            .log_text()
+            .contains("asking the CRI runtime at unix:///run/containerd/containerd.sock"),
+        "{}",
+        agent.log_text()
+    );
+    assert!(
+        agent.log_text().contains("held elsewhere on the node"),
+        "{}",
+        agent.log_text()
+    );
+    assert!(agent.stop(20).success(), "{}", agent.log_text());
+
+    // gc as the unit runs it, from the node's mount namespace.
+    let (code, rep, out) = node.gc(&["--grace", "0", "--json"]);
+    assert_eq!(code, 0, "{rep:#}\n{}", describe(&out));
+    assert_eq!(rep["summary"]["live"], json!(3), "{rep:#}");
+    assert_eq!(rep["summary"]["stale"], json!(0), "{rep:#}");
+    assert_eq!(records(&node), all_records);
+    for pod in &pods {
+        assert_kept(&node, pod, "after gc");
+        let held = rep["held"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|h| h["containerId"] == json!(pod.id))
+            .unwrap_or_else(|| panic!("{} not reported held: {rep:#}", pod.id));
+        let by = held["heldBy"].as_str().unwrap();
+        assert!(
+            by == format!("held by pid {}", pod.pause)
+                || by.starts_with(&format!(
+                    "mounted at {}",
+                    pod.netns.trim_start_matches("/var")
+                )),
+            "{}: {by}",
+            pod.id
+        );
+    }
+    let rows = node.list();
+    for pod in &pods {
+        let row = rows
+            .iter()
+            .find(|r| r["containerId"] == json!(pod.id))
+            .unwrap_or_else(|| panic!("no row for {}: {rows:#?}", pod.id));
+        assert_eq!(row["state"], json!("live"), "{row:#}");
+        assert_eq!(row["identity"], json!("held"), "{row:#}");
+        assert!(row["heldBy"].as_str().is_some(), "{row:#}");
+    }
+
+    // Control: the runtime removes a pod; its own DEL goes through the chain.
+    ctrd.stop_and_remove(&removed.id);
+    procs.pauses.retain(|&p| p != removed.pause);
+    assert!(
+        node.record(network, &removed.id).is_none(),
+        "removed: record kept"
+    );
+    assert!(
+        node.address(network, &removed.id).is_none(),
+        "removed: address kept"
+    );
+
+    // Control: containerd dies, then `gone`'s pause process, and its pin is unmounted
+    // in the runtime's mount namespace (which `keep`'s shim still holds): the next gc
+    // releases `gone`, and only it.
+    ctrd.crash();
+    RuntimeProcs::kill(&[gone.pause]);
+    procs.pauses.retain(|&p| p != gone.pause);
+    let shim = *in_mount_ns(&runtime_mnt)
+        .first()
+        .expect("the runtime's mount namespace has no process left");
+    run_ok(
+        Command::new("nsenter")
+            .arg(format!("--mount=/proc/{shim}/ns/mnt"))
+            .arg("umount")
+            .arg(gone.netns.trim_start_matches("/var")),
+    );
+    let (code, rep, out) = node.gc(&["--grace", "0", "--json"]);
+    assert_eq!(code, 0, "{rep:#}\n{}", describe(&out));
+    assert_eq!(rep["summary"]["replayed"], json!(1), "{rep:#}");
+    assert_eq!(rep["records"][0]["containerId"], json!(gone.id), "{rep:#}");
+    // The node sees the empty file under the pin that was: not a namespace.
+    assert_eq!(
+        rep["records"][0]["reason"],
+        json!("netns-not-namespace"),
+        "{rep:#}"
+    );
+    // Its DEL was pointed at no namespace: the file is not the pod's.
+    assert_eq!(rep["records"][0]["replayNetns"], Value::Null, "{rep:#}");
+    assert!(node.record(network, &gone.id).is_none());
+    assert!(
+        node.address(network, &gone.id).is_none(),
+        "gone: address kept"
+    );
+    assert_kept(&node, keep, "after gone's release");
+
+    // Control: the last pod's processes and the runtime's shims gone, its mount
+    // namespace and pin with them: the next gc releases it.
+    procs.kill_all();
+    let (code, rep, out) = node.gc(&["--grace", "0", "--json"]);
+    assert_eq!(code, 0, "{rep:#}\n{}", describe(&out));
+    assert_eq!(rep["summary"]["replayed"], json!(1), "{rep:#}");
+    assert_eq!(rep["records"][0]["containerId"], json!(keep.id), "{rep:#}");
+    assert!(rep.get("held").is_none(), "{rep:#}");
+    assert!(records(&node).is_empty(), "{rep:#}");
+    assert!(
+        node.address(network, &keep.id).is_none(),
+        "keep: address kept"
+    );
+}
