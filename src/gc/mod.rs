@@ -5,6 +5,7 @@
 //! worker threads, and reports. The policy is in `policy`, the report in `report`.
 
 mod attempt;
+pub mod courtesy;
 mod policy;
 pub mod replay;
 mod report;
@@ -72,6 +73,10 @@ pub struct Options {
     /// `--chain-left-after`: a record whose chain never completed, with no DEL begun, is
     /// failed-left from this age on (`chain::state`; the metrics count it).
     pub chain_left_after_secs: u64,
+    /// `--yield-max`: how long in all one run may wait, before its replays, while ADDs
+    /// are in flight on the node (`courtesy`); zero never waits (the CNI GC verb: the
+    /// runtime runs no ADD during it).
+    pub yield_max: Duration,
 }
 
 impl Options {
@@ -95,6 +100,7 @@ impl Options {
             deadline: None,
             cri_min_age_secs: DEFAULT_CRI_MIN_AGE_SECS as i64,
             chain_left_after_secs: crate::chain::DEFAULT_LEFT_AFTER_SECS,
+            yield_max: Duration::ZERO,
         }
     }
 }
@@ -434,9 +440,20 @@ fn attempt_all(
                 .is_some_and(|s| s.load(Ordering::Relaxed))
     };
     let jobs = opts.jobs.clamp(1, 64).min(candidates.len().max(1));
+    // A dry run runs no plugin: nothing to step aside for.
+    let budget = if opts.dry_run {
+        Duration::ZERO
+    } else {
+        opts.yield_max
+    };
+    let courtesy = courtesy::Courtesy::new(ledger, boot, budget);
     let per_worker = crate::workers::run(jobs, || {
         let mut done = Vec::new();
         while !stopping() {
+            courtesy.wait(&stopping);
+            if stopping() {
+                break;
+            }
             let i = next.fetch_add(1, Ordering::Relaxed);
             let Some(c) = candidates.get(i) else {
                 break;
@@ -449,6 +466,13 @@ fn attempt_all(
         done
     });
     let mut results: Vec<_> = per_worker.into_iter().flatten().collect();
+    let waited = courtesy.spent();
+    if !waited.is_zero() {
+        crate::info!(
+            "gc: replays waited {:.1} s in all for ADDs in flight on the node",
+            waited.as_secs_f64()
+        );
+    }
     if out_of_time() {
         let tried: HashSet<usize> = results.iter().map(|(i, _)| *i).collect();
         for (i, c) in candidates

@@ -1,0 +1,136 @@
+//! gc's courtesy to the node's new pods: before each replay, gc waits while an ADD is in
+//! flight on the node, for at most a budget per run.
+//!
+//! After an unclean reboot the runtime starts the node's pods while gc replays DEL for
+//! the old boot's attachments; both go through the same chain, and portmap's ADD and DEL
+//! both take iptables' lock. A new pod waiting on a replay is the cost operators notice,
+//! so the replays step aside. The ledger already sees every ADD start: the head writes a
+//! record before any other plugin runs, and the tail's note completes it. A record of
+//! this boot that is young and pending (a tail expected, no note yet) is an ADD in the
+//! chain; one made by a chain without a tail counts while it is a few seconds old.
+//! Nothing is added to ADD's path: gc reads what ADD writes anyway.
+//!
+//! The budget is the hard bound: once a run has waited that long in all, its replays go
+//! on whatever starts, so a node that never stops starting pods (or an ADD that hangs)
+//! delays a stale attachment's release by at most the budget.
+
+use crate::chain::{self, State};
+use crate::ledger::{Decoded, Ledger};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
+
+/// `--yield-max`'s default: a 110-pod start on two cores takes some 10 s through the
+/// chain (docs/EVIDENCE.md, "gc under a pod-start storm"); six times that leaves room
+/// for a slower node, and bounds how much later a stale attachment is released.
+pub const DEFAULT_YIELD_MAX_SECS: u64 = 60;
+/// A pending record is an ADD in flight while younger than this: beyond it the ADD has
+/// most likely failed without a DEL (a runtime times network setup out in minutes, but
+/// waiting on one stuck ADD would cost every replay the whole budget).
+pub const IN_FLIGHT_SECS: u64 = 60;
+/// A record of a chain without a tail has no note to say its ADD is done: it counts as
+/// in flight only this long.
+pub const UNTRACKED_IN_FLIGHT_SECS: u64 = 5;
+/// How often a waiting gc looks again: each look lists the records directory and stats
+/// the young records' notes, well under a millisecond for a full node.
+const POLL: Duration = Duration::from_millis(50);
+
+/// One run's waiting, shared by its replay workers.
+pub(super) struct Courtesy<'a> {
+    ledger: &'a Ledger,
+    boot: &'a str,
+    budget: Duration,
+    /// Wall time the run has spent waiting: one worker looks at a time, the others wait
+    /// for it, so this is the run's delay, not a sum over workers.
+    spent: Mutex<Duration>,
+}
+
+impl<'a> Courtesy<'a> {
+    pub(super) fn new(ledger: &'a Ledger, boot: &'a str, budget: Duration) -> Courtesy<'a> {
+        Courtesy {
+            ledger,
+            boot,
+            budget,
+            spent: Mutex::new(Duration::ZERO),
+        }
+    }
+
+    /// Returns once no ADD is in flight, the budget is spent, or `stopping` says so.
+    pub(super) fn wait(&self, stopping: impl Fn() -> bool) {
+        if self.budget.is_zero() {
+            return;
+        }
+        let mut spent = self.spent.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut announced = false;
+        while *spent < self.budget && !stopping() {
+            let Some(stem) = add_in_flight(self.ledger, self.boot) else {
+                return;
+            };
+            if !announced && spent.is_zero() {
+                crate::info!(
+                    "gc: an ADD is in flight on the node ({stem}); replays wait for it, {} s at most this run",
+                    self.budget.as_secs()
+                );
+            }
+            announced = true;
+            let t0 = Instant::now();
+            std::thread::sleep(POLL.min(self.budget - *spent));
+            *spent += t0.elapsed();
+        }
+        if *spent >= self.budget && announced {
+            crate::warn!(
+                "gc: waited {} s for ADDs in flight this run, the most it may: replaying now",
+                self.budget.as_secs()
+            );
+        }
+    }
+
+    /// What the run waited in all.
+    pub(super) fn spent(&self) -> Duration {
+        *self.spent.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The stem of a record whose ADD is in flight now, if there is one. Files older than
+/// `IN_FLIGHT_SECS` are passed over on their mtime without being read, so a look costs
+/// one listing and one stat per record, plus a read of each young one until one is
+/// found in flight.
+pub fn add_in_flight(ledger: &Ledger, boot: &str) -> Option<String> {
+    let dir = std::fs::read_dir(ledger.records_dir()).ok()?;
+    let young_since = SystemTime::now().checked_sub(Duration::from_secs(IN_FLIGHT_SECS))?;
+    for item in dir.flatten() {
+        let name = item.file_name();
+        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
+            continue;
+        };
+        if stem.starts_with('.') {
+            continue; // a write in progress: its record is not there yet
+        }
+        let young = item
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t >= young_since);
+        if young && in_flight(ledger, stem, boot) {
+            return Some(stem.to_string());
+        }
+    }
+    None
+}
+
+/// Whether `stem`'s record is an ADD still in the chain: of this boot, not completed
+/// by a tail, no DEL begun, and young.
+fn in_flight(ledger: &Ledger, stem: &str, boot: &str) -> bool {
+    let Ok(Some(Decoded::Ok(rec))) = ledger.read(stem) else {
+        return false;
+    };
+    if rec.boot_id != boot {
+        return false;
+    }
+    let age = rec.age_secs(boot, crate::time::now());
+    match chain::classify(rec.tail, rec.chain.as_ref(), age, IN_FLIGHT_SECS) {
+        State::Pending => true,
+        State::Untracked => {
+            age.is_some_and(|a| a >= 0 && a.unsigned_abs() < UNTRACKED_IN_FLIGHT_SECS)
+        }
+        _ => false,
+    }
+}
