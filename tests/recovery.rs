@@ -213,7 +213,7 @@ fn gc_replays_once_its_bound_is_spent_with_the_add_still_in_the_chain() {
         f.log()
     );
     assert!(
-        f.log().contains("the most it may: replaying now"),
+        f.log().contains("the most it may: replaying regardless"),
         "{}",
         f.log()
     );

@@ -10,13 +10,15 @@
 //! chain; one made by a chain without a tail counts while it is a few seconds old.
 //! Nothing is added to ADD's path: gc reads what ADD writes anyway.
 //!
-//! The budget is the hard bound: once a run has waited that long in all, its replays go
+//! A replay that began before an ADD did pauses between its plugins too, briefly (it
+//! holds its key's lock). The budget is the hard bound: once a run has waited that long in all, its replays go
 //! on whatever starts, so a node that never stops starting pods (or an ADD that hangs)
 //! delays a stale attachment's release by at most the budget.
 
 use crate::chain::{self, State};
 use crate::ledger::{Decoded, Ledger};
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 /// `--yield-max`'s default: a 110-pod start on two cores takes some 10 s through the
@@ -33,60 +35,119 @@ pub const UNTRACKED_IN_FLIGHT_SECS: u64 = 5;
 /// How often a waiting gc looks again: each look lists the records directory and stats
 /// the young records' notes, well under a millisecond for a full node.
 const POLL: Duration = Duration::from_millis(50);
+/// A replay already under way (its key's lock held) pauses between its plugins for at
+/// most this long at a time: a runtime's DEL of the same key waits for the lock for 5 s
+/// (`lockTimeoutMs`) before it answers "busy".
+pub const BETWEEN_PLUGINS_MAX: Duration = Duration::from_secs(2);
 
 /// One run's waiting, shared by its replay workers.
-pub(super) struct Courtesy<'a> {
-    ledger: &'a Ledger,
-    boot: &'a str,
+#[derive(Debug)]
+pub struct Courtesy {
+    ledger: Ledger,
+    boot: String,
     budget: Duration,
-    /// Wall time the run has spent waiting: one worker looks at a time, the others wait
-    /// for it, so this is the run's delay, not a sum over workers.
-    spent: Mutex<Duration>,
+    spent: Mutex<Spent>,
+    announced: AtomicBool,
+    spent_out: AtomicBool,
+    stop: Option<Arc<AtomicBool>>,
+    deadline: Option<Instant>,
 }
 
-impl<'a> Courtesy<'a> {
-    pub(super) fn new(ledger: &'a Ledger, boot: &'a str, budget: Duration) -> Courtesy<'a> {
+/// Wall time the run has spent waiting: the union of its workers' waits, not their sum.
+#[derive(Debug, Default)]
+struct Spent {
+    total: Duration,
+    counted_to: Option<Instant>,
+}
+
+impl Courtesy {
+    /// `budget` for the run's replays in `ledger`; a set `stop` or a passed `deadline`
+    /// ends any wait.
+    pub fn new(
+        ledger: Ledger,
+        boot: &str,
+        budget: Duration,
+        stop: Option<Arc<AtomicBool>>,
+        deadline: Option<Instant>,
+    ) -> Courtesy {
         Courtesy {
             ledger,
-            boot,
+            boot: boot.to_string(),
             budget,
-            spent: Mutex::new(Duration::ZERO),
+            spent: Mutex::new(Spent::default()),
+            announced: AtomicBool::new(false),
+            spent_out: AtomicBool::new(false),
+            stop,
+            deadline,
         }
     }
 
-    /// Returns once no ADD is in flight, the budget is spent, or `stopping` says so.
-    pub(super) fn wait(&self, stopping: impl Fn() -> bool) {
+    /// Before a replay takes its key's lock: waits while an ADD is in flight.
+    pub fn before_replay(&self) {
+        self.wait(None);
+    }
+
+    /// Before each plugin of a replay under way: the same, at most `BETWEEN_PLUGINS_MAX`
+    /// (an ADD that began after the replay did).
+    pub fn between_plugins(&self) {
+        self.wait(Some(BETWEEN_PLUGINS_MAX));
+    }
+
+    fn wait(&self, cap: Option<Duration>) {
         if self.budget.is_zero() {
             return;
         }
-        let mut spent = self.spent.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut announced = false;
-        while *spent < self.budget && !stopping() {
-            let Some(stem) = add_in_flight(self.ledger, self.boot) else {
+        let began = Instant::now();
+        let mut from = began;
+        loop {
+            let stopping = self
+                .stop
+                .as_ref()
+                .is_some_and(|s| s.load(Ordering::Relaxed))
+                || self.deadline.is_some_and(|d| Instant::now() >= d);
+            let total = self.total();
+            if stopping || cap.is_some_and(|c| began.elapsed() >= c) {
+                return;
+            }
+            if total >= self.budget {
+                if !self.spent_out.swap(true, Ordering::Relaxed) {
+                    crate::warn!(
+                        "gc: waited {} s for ADDs in flight this run, the most it may: replaying regardless",
+                        self.budget.as_secs()
+                    );
+                }
+                return;
+            }
+            let Some(stem) = add_in_flight(&self.ledger, &self.boot) else {
                 return;
             };
-            if !announced && spent.is_zero() {
+            if !self.announced.swap(true, Ordering::Relaxed) {
                 crate::info!(
-                    "gc: an ADD is in flight on the node ({stem}); replays wait for it, {} s at most this run",
+                    "gc: an ADD is in flight on the node ({stem}); replays wait for ADDs, {} s at most this run",
                     self.budget.as_secs()
                 );
             }
-            announced = true;
-            let t0 = Instant::now();
-            std::thread::sleep(POLL.min(self.budget - *spent));
-            *spent += t0.elapsed();
-        }
-        if *spent >= self.budget && announced {
-            crate::warn!(
-                "gc: waited {} s for ADDs in flight this run, the most it may: replaying now",
-                self.budget.as_secs()
-            );
+            std::thread::sleep(POLL.min(self.budget - total));
+            self.count(from);
+            from = Instant::now();
         }
     }
 
-    /// What the run waited in all.
-    pub(super) fn spent(&self) -> Duration {
-        *self.spent.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Adds the wait since `from` to the run's total, minus what another worker counted.
+    fn count(&self, from: Instant) {
+        let now = Instant::now();
+        let mut s = self.spent.lock().unwrap_or_else(PoisonError::into_inner);
+        let start = s.counted_to.map_or(from, |c| c.max(from));
+        s.total += now.saturating_duration_since(start);
+        s.counted_to = Some(now);
+    }
+
+    /// What the run has waited so far.
+    pub fn total(&self) -> Duration {
+        self.spent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .total
     }
 }
 

@@ -77,6 +77,8 @@ pub struct Options {
     /// are in flight on the node (`courtesy`); zero never waits (the CNI GC verb: the
     /// runtime runs no ADD during it).
     pub yield_max: Duration,
+    /// Set by `run` for its replays: the wait for ADDs in flight, shared by its workers.
+    pub courtesy: Option<std::sync::Arc<courtesy::Courtesy>>,
 }
 
 impl Options {
@@ -101,6 +103,7 @@ impl Options {
             cri_min_age_secs: DEFAULT_CRI_MIN_AGE_SECS as i64,
             chain_left_after_secs: crate::chain::DEFAULT_LEFT_AFTER_SECS,
             yield_max: Duration::ZERO,
+            courtesy: None,
         }
     }
 }
@@ -446,11 +449,22 @@ fn attempt_all(
     } else {
         opts.yield_max
     };
-    let courtesy = courtesy::Courtesy::new(ledger, boot, budget);
+    let courtesy = std::sync::Arc::new(courtesy::Courtesy::new(
+        ledger.clone(),
+        boot,
+        budget,
+        opts.stop.clone(),
+        opts.deadline,
+    ));
+    let with_courtesy = Options {
+        courtesy: Some(courtesy.clone()),
+        ..opts.clone()
+    };
+    let opts = &with_courtesy;
     let per_worker = crate::workers::run(jobs, || {
         let mut done = Vec::new();
         while !stopping() {
-            courtesy.wait(&stopping);
+            courtesy.before_replay();
             if stopping() {
                 break;
             }
@@ -466,7 +480,7 @@ fn attempt_all(
         done
     });
     let mut results: Vec<_> = per_worker.into_iter().flatten().collect();
-    let waited = courtesy.spent();
+    let waited = courtesy.total();
     if !waited.is_zero() {
         crate::info!(
             "gc: replays waited {:.1} s in all for ADDs in flight on the node",
