@@ -15,16 +15,17 @@
 #               own peak RSS (VmHWM, sampled every 10 ms until it exits) and CPU, and
 #               the CPU and peak RSS of gc with the plugins it ran (wait4)
 #   agent       the stale set made again, then `cni-ledger agent` (defaults but --grace 0, no CRI
-#               runtime) started over it: its first gc run (start to "gc: done"), then
-#               RSS and CPU over IDLE seconds, then /metrics: series (sample lines) and
-#               payload bytes, with the families that have the most series
+#               runtime) started over it: its first gc run (start to "gc: done"); then
+#               CHURN (10) live pods deleted and added again, so that the chain's
+#               series exist; then RSS and CPU over IDLE seconds, then /metrics: series
+#               (sample lines) and payload bytes, with the families that have the most
 # Then every record, lease and DNAT chain is checked: none stale left, PODS live.
 # Output: markdown rows on stdout; progress on stderr.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 repo=$(dirname "$here")
 [ "$(id -u)" -eq 0 ] || { echo "bench/full-node.sh: run as root" >&2; exit 1; }
-: "${PODS:=110}" "${IDLE:=120}"
+: "${PODS:=110}" "${IDLE:=120}" "${CHURN:=10}"
 log() { printf '[full-node %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
@@ -170,7 +171,17 @@ first=$(python3 -c "import sys; print('%.2f' % ($(date +%s.%N) - $t0))")
 apid=$(pgrep -P "$agent_pid" -x cni-ledger || echo "$agent_pid") # ip netns exec execs: same pid
 hwm_first=$(awk '/^VmHWM/ {print $2}' "/proc/$apid/status")
 cpu() { awk '{print $14 + $15}' "/proc/$apid/stat"; }
-sleep 5 # past the first run's last writes
+# Pods come and go as on a working node, so that the chain's series exist: CHURN of the
+# live pods are deleted and added again (sequentially, through libcni).
+for ((k = 0; k < CHURN; k++)); do
+	for verb in del add; do
+		inhost "$DRIVER" "$verb" --conf-dir "$B/conf" --net node --cid "l$k" --ifname eth0 --netns "/run/netns/${P}l$k" \
+			--cni-path "$CNI_PATH_ALL" --cache-dir "$B/cache" \
+			--cap-args "{\"portMappings\":[{\"hostPort\":$((20000 + k)),\"containerPort\":80,\"protocol\":\"tcp\"}]}" >/dev/null ||
+			die "churn: $verb l$k failed"
+	done
+done
+sleep 5 # past the first run's and the churn's last writes
 c0=$(cpu)
 log "agent: first gc run took ${first}s; idling ${IDLE}s"
 sleep "$IDLE"

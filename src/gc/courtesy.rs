@@ -47,6 +47,8 @@ pub struct Courtesy {
     boot: String,
     budget: Duration,
     spent: Mutex<Spent>,
+    /// The last look for an ADD in flight: when, and what it found.
+    last_look: Mutex<Option<(Instant, Option<String>)>>,
     announced: AtomicBool,
     spent_out: AtomicBool,
     stop: Option<Arc<AtomicBool>>,
@@ -75,6 +77,7 @@ impl Courtesy {
             boot: boot.to_string(),
             budget,
             spent: Mutex::new(Spent::default()),
+            last_look: Mutex::new(None),
             announced: AtomicBool::new(false),
             spent_out: AtomicBool::new(false),
             stop,
@@ -118,7 +121,7 @@ impl Courtesy {
                 }
                 return;
             }
-            let Some(stem) = add_in_flight(&self.ledger, &self.boot) else {
+            let Some(stem) = self.look() else {
                 return;
             };
             if !self.announced.swap(true, Ordering::Relaxed) {
@@ -131,6 +134,27 @@ impl Courtesy {
             self.count(from);
             from = Instant::now();
         }
+    }
+
+    /// An ADD in flight, by a look shared by the workers: one taken less than `POLL` ago
+    /// is reused, and the ADD found last time (most likely still in flight) is read
+    /// first. A storm's waiting gc so costs the node one look per `POLL`.
+    fn look(&self) -> Option<String> {
+        let mut last = self
+            .last_look
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some((at, found)) = &*last {
+            if at.elapsed() < POLL {
+                return found.clone();
+            }
+        }
+        let found = match last.as_ref().and_then(|(_, f)| f.clone()) {
+            Some(stem) if in_flight(&self.ledger, &stem, &self.boot) => Some(stem),
+            _ => add_in_flight(&self.ledger, &self.boot),
+        };
+        *last = Some((Instant::now(), found.clone()));
+        found
     }
 
     /// Adds the wait since `from` to the run's total, minus what another worker counted.
@@ -152,9 +176,9 @@ impl Courtesy {
 }
 
 /// The stem of a record whose ADD is in flight now, if there is one. Files older than
-/// `IN_FLIGHT_SECS` are passed over on their mtime without being read, so a look costs
-/// one listing and one stat per record, plus a read of each young one until one is
-/// found in flight.
+/// `IN_FLIGHT_SECS`, and young ones with a newer note, are passed over on their mtimes
+/// without being read, so a look costs one listing and a stat or two per record, plus a
+/// read of a young un-noted one until one is found in flight.
 pub fn add_in_flight(ledger: &Ledger, boot: &str) -> Option<String> {
     let dir = std::fs::read_dir(ledger.records_dir()).ok()?;
     let young_since = SystemTime::now().checked_sub(Duration::from_secs(IN_FLIGHT_SECS))?;
@@ -166,11 +190,18 @@ pub fn add_in_flight(ledger: &Ledger, boot: &str) -> Option<String> {
         if stem.starts_with('.') {
             continue; // a write in progress: its record is not there yet
         }
-        let young = item
-            .metadata()
+        let Ok(made) = item.metadata().and_then(|m| m.modified()) else {
+            continue;
+        };
+        if made < young_since {
+            continue;
+        }
+        // The tail wrote its note after the head's record: the ADD completed, or a DEL
+        // began. Told by one stat, without reading the record.
+        let noted = std::fs::metadata(ledger.note_path(stem))
             .and_then(|m| m.modified())
-            .is_ok_and(|t| t >= young_since);
-        if young && in_flight(ledger, stem, boot) {
+            .is_ok_and(|t| t >= made);
+        if !noted && in_flight(ledger, stem, boot) {
             return Some(stem.to_string());
         }
     }
