@@ -12,6 +12,7 @@
 // Tests may unwrap: a panic is a failed test with its message ([lints] in Cargo.toml).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod agent_common;
 mod common;
 
 use std::fs;
@@ -19,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use agent_common::{dir_args, preinstalled_bin, wait_for, Agent};
 use common::*;
 use serde_json::{json, Value};
 
@@ -253,4 +255,44 @@ fn gc_without_yield_and_a_dry_run_do_not_wait() {
         f.log()
     );
     release(&f, add);
+}
+
+#[test]
+fn the_agents_first_gc_run_waits_for_an_add_in_the_chain() {
+    require_root!();
+    let f = fixture();
+    let ip = stale_attachment(&f, "c-stale");
+    let ns = Netns::new();
+    let add = held_add(&f, "c-new", &ns);
+
+    // The agent over a node whose pods are starting: its first gc run (at start, flags
+    // at their defaults but the grace: the stale record is of this boot).
+    let bin = preinstalled_bin(&f);
+    let mut args = dir_args(&bin, &f.conf_dir, &f.ledger_dir, &f.cache_dir);
+    args.extend(["--grace".to_string(), "0".to_string()]);
+    let log = f.tmp.path().join("agent.log");
+    let mut agent = Agent::start(&ledger_bin(), &args, &log, Some(f.host.name()));
+    wait_for(Duration::from_secs(10), || {
+        agent.log_text().contains("an ADD is in flight on the node")
+    })
+    .unwrap_or_else(|| panic!("the agent's gc did not wait:\n{}", agent.log_text()));
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        f.record_path("c-stale", "eth0").exists() && f.ipam_addresses().contains(&ip),
+        "the agent replayed while an ADD was in the chain:\n{}",
+        agent.log_text()
+    );
+
+    release(&f, add);
+    wait_for(Duration::from_secs(20), || {
+        !f.record_path("c-stale", "eth0").exists() && !f.ipam_addresses().contains(&ip)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "not released after the ADD completed:\n{}",
+            agent.log_text()
+        )
+    });
+    assert!(agent.stop(30).success());
+    assert!(f.record_path("c-new", "eth0").exists());
 }
