@@ -44,6 +44,9 @@ def launch(out, adds_path, gc_path=None):
         with open(gc_path) as f:
             gc = json.load(f)
         procs[spawn(gc)] = ("gc", "-", time.monotonic())
+        # GC_LEAD seconds: gc starts that much before the storm (a boot unit that began
+        # before kubelet), so the storm meets replays under way.
+        time.sleep(float(os.environ.get("GC_LEAD", "0")))
     for i, argv in enumerate(adds):
         procs[spawn(argv)] = ("add", str(i), time.monotonic())
     failed = 0

@@ -4,6 +4,8 @@
 #   sudo bench/storm.sh                  # N = 40 and 110, 3 rounds each, ~6 min on 2 cores
 #   sudo NS="40" ROUNDS=2 bench/storm.sh # fewer
 #   sudo LEDGER=PATH bench/storm.sh      # a built cni-ledger instead of the static release build
+#   sudo GC_LEAD=3 bench/storm.sh        # gc starts 3 s before the storm (default 0: with it);
+#                                        # the "alone" variant is unchanged
 #
 # After an unclean reboot the runtime starts the node's pods while gc replays DEL for the
 # old boot's attachments, through the same chain. Each storm: N stale attachments of the
