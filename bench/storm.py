@@ -11,7 +11,8 @@
         TSV files named <variant>-<n>-<round>.tsv: per variant and N, the ADDs' p50, p90
         and max over every round pooled, gc's time (median and max over rounds), and the
         ratios of each gc variant's p90 to the "alone" p90 of the same N, pooled and per
-        round (paired: the variants of one round ran back to back).
+        round with their median (paired: the variants of one round ran back to back; on a
+        machine whose load changes by the minute the per-round ratios are the result).
 """
 import json
 import os
@@ -103,9 +104,10 @@ def report(paths):
                     for k in sorted(rounds)
                     if k in alone and rounds[k]["add"] and alone[k]["add"]
                 ]
-                ratio = "%.3f× (%s)" % (
+                ratio = "%.3f× (%s; median %.2f×)" % (
                     pct(adds, 0.9) / pct(alone_all, 0.9),
                     ", ".join("%.2f" % r for r in per_round),
+                    statistics.median(per_round) if per_round else float("nan"),
                 )
             gc = ""
             if gcs:

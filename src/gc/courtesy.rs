@@ -32,6 +32,10 @@ pub const IN_FLIGHT_SECS: u64 = 60;
 /// A record of a chain without a tail has no note to say its ADD is done: it counts as
 /// in flight only this long.
 pub const UNTRACKED_IN_FLIGHT_SECS: u64 = 5;
+/// Between the starts of a run's replay workers, which join one by one: a storm that
+/// starts with the run finds one replay's plugin under way instead of `--jobs`; a run
+/// without one loses at most (jobs - 1) × RAMP.
+pub const RAMP: Duration = Duration::from_millis(500);
 /// How often a waiting gc looks again: each look lists the records directory and stats
 /// the young records' notes, well under a millisecond for a full node.
 const POLL: Duration = Duration::from_millis(50);
@@ -53,6 +57,7 @@ pub struct Courtesy {
     spent_out: AtomicBool,
     stop: Option<Arc<AtomicBool>>,
     deadline: Option<Instant>,
+    began: Instant,
 }
 
 /// Wall time the run has spent waiting: the union of its workers' waits, not their sum.
@@ -82,7 +87,27 @@ impl Courtesy {
             spent_out: AtomicBool::new(false),
             stop,
             deadline,
+            began: Instant::now(),
         }
+    }
+
+    /// A run's `k`th worker starts `k` × `RAMP` after the run began (the first at once):
+    /// a storm that begins with the run meets one replay under way, not `--jobs` of them.
+    pub fn ramp(&self, k: usize) {
+        if self.budget.is_zero() {
+            return;
+        }
+        let at = self.began + RAMP * u32::try_from(k).unwrap_or(u32::MAX);
+        while Instant::now() < at && !self.stopping() {
+            std::thread::sleep(POLL.min(at.saturating_duration_since(Instant::now())));
+        }
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop
+            .as_ref()
+            .is_some_and(|s| s.load(Ordering::Relaxed))
+            || self.deadline.is_some_and(|d| Instant::now() >= d)
     }
 
     /// Before a replay takes its key's lock: waits while an ADD is in flight.

@@ -461,8 +461,10 @@ fn attempt_all(
         ..opts.clone()
     };
     let opts = &with_courtesy;
+    let started = AtomicUsize::new(0);
     let per_worker = crate::workers::run(jobs, || {
         let mut done = Vec::new();
+        courtesy.ramp(started.fetch_add(1, Ordering::Relaxed));
         while !stopping() {
             courtesy.before_replay();
             if stopping() {
