@@ -9,11 +9,11 @@
 # live pods (a namespace each, a host port each) and PODS stale attachments (the same,
 # their namespaces deleted). Measured, in this order:
 #   list        `cni-ledger list` (table, to a file) and `list --json` over the 2×PODS
-#               records: wall time and peak RSS, median of 5
+#               records: wall time and peak RSS (GNU time), median of 5
 #   gc          `cni-ledger gc` (defaults but --grace 0: the stale records are of this
 #               boot) replaying the PODS stale ones beside the PODS live ones: wall, gc's
 #               own peak RSS (VmHWM, sampled every 10 ms until it exits) and CPU, and
-#               the CPU and peak RSS of gc with the plugins it ran (wait4)
+#               the CPU of gc with the plugins it ran (wait4)
 #   agent       the stale set made again, then `cni-ledger agent` (defaults but --grace 0, no CRI
 #               runtime) started over it: its first gc run (start to "gc: done"); then
 #               CHURN (10) live pods deleted and added again, so that the chain's
@@ -90,7 +90,9 @@ stale() { # set port-base: attachments whose namespaces are then deleted
 	for ((k = 0; k < PODS; k++)); do names+=("$P$1$k"); done
 	printf 'netns del %s\n' "${names[@]}" | ip -batch -
 }
-# Runs a command; prints "wall_s maxrss_kib(with children) cpu_s(with children) own_hwm_kib own_cpu_s".
+# Runs a command; prints "wall_s - cpu_s(with the children it waited for) own_hwm_kib
+# own_cpu_s". Its own peak RSS is sampled (VmHWM, every 10 ms, until it exits): wait4's
+# maxrss would count the forking Python's memory.
 measure() {
 	python3 - "$@" <<'PY'
 import os, sys, time, threading
@@ -123,7 +125,7 @@ th.join(1)
 rc = os.waitstatus_to_exitcode(status)
 if rc not in (0, 1):
     sys.exit("exit %d: %s" % (rc, sys.argv[1:]))
-print("%.3f %d %.3f %d %.3f" % (wall, ru.ru_maxrss, ru.ru_utime + ru.ru_stime, own["hwm"], own["cpu"]))
+print("%.3f - %.3f %d %.3f" % (wall, ru.ru_utime + ru.ru_stime, own["hwm"], own["cpu"]))
 PY
 }
 median_of() { sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
@@ -135,14 +137,14 @@ stale s 22000
 	die "set-up: records/leases/DNAT chains $(records)/$(leases)/$(dnat_chains)"
 sync
 
-# list: 5 runs each, to a file.
+# list: 5 runs each, to a file, timed by GNU time (forked from a small process: its
+# peak RSS is list's own, not the forking parent's).
 for how in table json; do
 	: >"$B/list-$how"
 	flag=
 	[ $how = table ] || flag=--json
 	for _ in 1 2 3 4 5; do
-		measure /usr/sbin/ip netns exec "$HOST" /bin/sh -c '"$0" list --ledger-dir "$1" $2 >"$3"' \
-			"$LEDGER" "$L" "$flag" "$B/list.out" >>"$B/list-$how"
+		/usr/bin/time -a -o "$B/list-$how" -f '%e %M' "$LEDGER" list --ledger-dir "$L" $flag >"$B/list.out"
 	done
 done
 [ "$(grep -c . "$B/list.out")" -ge "$PODS" ] || die "list printed too little: $(head -3 "$B/list.out")"
@@ -208,7 +210,7 @@ echo "| \`list\` (table, to a file), $((2 * PODS)) records: wall; peak RSS (medi
 echo "| \`list --json\` (to a file): wall; peak RSS (median of 5) | ${jt} s; $(mib "$jr") |"
 echo "| \`gc\` replaying $PODS stale beside $PODS live: wall (every stale one released) | ${gw} s |"
 echo "| gc's own peak RSS (VmHWM); its own CPU | $(mib "$ghwm"); ${gown} s |"
-echo "| gc with the plugins it ran: CPU; largest peak RSS of any (wait4) | ${gcpu} s; $(mib "$grss") |"
+echo "| gc with the plugins it ran: CPU | ${gcpu} s |"
 echo "| agent's first gc run at start ($PODS stale, $PODS live): start to \`gc: done\`; peak RSS by then | ${first} s; $(mib "$hwm_first") |"
 echo "| agent idle after it (default intervals, ${IDLE} s): RSS; peak RSS; CPU per hour | $(mib "$rss"); $(mib "$hwm"); ${cph} s/h |"
 echo "| agent /metrics: series; payload | $series; $bytes bytes |"
