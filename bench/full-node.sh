@@ -76,13 +76,18 @@ attach() { # set port-base: PODS attachments of set, ADD through libcni, 4 at a 
 	local set=$1 base=$2 k names=()
 	for ((k = 0; k < PODS; k++)); do names+=("$P$set$k"); done
 	printf 'netns add %s\n' "${names[@]}" | ip -batch -
+	# The first alone: portmap's first ADDs in a fresh namespace race to create its
+	# top-level chains ("CHAIN_USER_ADD failed (File exists)").
 	for ((k = 0; k < PODS; k++)); do printf '%s%s %s %s\n' "$set" "$k" "/run/netns/$P$set$k" "$((base + k))"; done |
-		inhost xargs -P 4 -L 1 sh -c '
+		{ IFS= read -r first; printf '%s\n' "$first" | driver_line 1; driver_line 4; } || die "ADD failed: $(tail -3 "$B/driver-errors.log")"
+}
+driver_line() { # jobs: one libcni ADD per stdin line "cid netns hostPort"
+	inhost xargs -P "$1" -L 1 sh -c '
 		"$0" add --conf-dir "$1" --net node --cid "$4" --ifname eth0 --netns "$5" \
 			--cni-path "$2" --cache-dir "$3" \
 			--cap-args "{\"portMappings\":[{\"hostPort\":$6,\"containerPort\":80,\"protocol\":\"tcp\"}]}" \
 			>/dev/null 2>>"$3/../driver-errors.log"' \
-		"$DRIVER" "$B/conf" "$CNI_PATH_ALL" "$B/cache" || die "ADD failed: $(tail -3 "$B/driver-errors.log")"
+		"$DRIVER" "$B/conf" "$CNI_PATH_ALL" "$B/cache"
 }
 stale() { # set port-base: attachments whose namespaces are then deleted
 	attach "$@"

@@ -142,6 +142,12 @@ print(json.dumps([[driver, "add", "--conf-dir", conf, "--net", "storm", "--cid",
 		die "left after DEL: records/leases/DNAT chains $(records)/$(leases)/$(dnat_chains)"
 }
 
+# portmap's first ADDs in a fresh namespace race to create its top-level chains
+# ("CHAIN_USER_ADD failed (File exists)"): one pod first, alone, and torn down.
+ip netns add "${P}w"
+echo "warm /run/netns/${P}w 19999" | driver_each add || die "warm-up ADD: $(tail -3 "$B/driver-errors.log")"
+echo "warm /run/netns/${P}w 19999" | driver_each del || die "warm-up DEL: $(tail -3 "$B/driver-errors.log")"
+ip netns del "${P}w"
 log "cni-ledger under test: $LEDGER; load $(cut -d' ' -f1-3 /proc/loadavg)"
 read -r -a vs <<<"$VARIANTS"
 for n in $NS; do
