@@ -296,3 +296,25 @@ fn the_agents_first_gc_run_waits_for_an_add_in_the_chain() {
     assert!(agent.stop(30).success());
     assert!(f.record_path("c-new", "eth0").exists());
 }
+
+#[test]
+fn gc_with_nothing_stale_does_not_wait_for_an_add_in_the_chain() {
+    require_root!();
+    let f = fixture();
+    let ns = Netns::new();
+    let add = held_add(&f, "c-new", &ns);
+
+    // Only the held ADD's record, live: nothing to replay, so nothing to wait for.
+    let t0 = Instant::now();
+    let out = start_gc(&f, &[]).wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", describe(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["summary"]["stale"], json!(0), "{report:#}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    assert!(
+        !f.log().contains("an ADD is in flight on the node"),
+        "{}",
+        f.log()
+    );
+    release(&f, add);
+}

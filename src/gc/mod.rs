@@ -464,8 +464,12 @@ fn attempt_all(
     let started = AtomicUsize::new(0);
     let per_worker = crate::workers::run(jobs, || {
         let mut done = Vec::new();
-        courtesy.ramp(started.fetch_add(1, Ordering::Relaxed));
-        while !stopping() {
+        // Nothing left to replay: no reason to wait for anyone.
+        let left = || next.load(Ordering::Relaxed) < candidates.len();
+        if left() {
+            courtesy.ramp(started.fetch_add(1, Ordering::Relaxed));
+        }
+        while !stopping() && left() {
             courtesy.before_replay();
             if stopping() {
                 break;
