@@ -11,9 +11,10 @@
 //! Nothing is added to ADD's path: gc reads what ADD writes anyway.
 //!
 //! A replay that began before an ADD did pauses between its plugins too, briefly (it
-//! holds its key's lock). The budget is the hard bound: once a run has waited that long in all, its replays go
-//! on whatever starts, so a node that never stops starting pods (or an ADD that hangs)
-//! delays a stale attachment's release by at most the budget.
+//! holds its key's lock), and a run's workers join one by one. The budget is the hard
+//! bound: once a run has waited that long in all, its replays go on whatever starts, so
+//! a node that never stops starting pods (or an ADD that hangs) delays a stale
+//! attachment's release by at most the budget.
 
 use crate::chain::{self, State};
 use crate::ledger::{Decoded, Ledger};
@@ -21,8 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
-/// `--yield-max`'s default: a 110-pod start on two cores takes some 10 s through the
-/// chain (docs/EVIDENCE.md, "gc under a pod-start storm"); six times that leaves room
+/// `--yield-max`'s default: a 110-pod start on two cores took 6–14 s through the chain (docs/EVIDENCE.md, "gc under a pod-start storm"); six times that leaves room
 /// for a slower node, and bounds how much later a stale attachment is released.
 pub const DEFAULT_YIELD_MAX_SECS: u64 = 60;
 /// A pending record is an ADD in flight while younger than this: beyond it the ADD has
