@@ -36,6 +36,7 @@ P=clnode-$tag-
 agent_pid=
 cleanup() {
 	set +e
+	[ -z "$agent_pid" ] || pkill -P "$agent_pid" -x cni-ledger 2>/dev/null
 	[ -z "$agent_pid" ] || kill "$agent_pid" 2>/dev/null
 	ip netns list 2>/dev/null | awk '{print $1}' | grep "^$P" | sed 's/^/netns del /' | ip -force -batch - 2>/dev/null
 	[ -n "${KEEP:-}" ] || rm -rf "$B"
@@ -199,7 +200,8 @@ inhost curl -s "http://127.0.0.1:$port/metrics" >"$B/metrics"
 series=$(grep -vc '^#\|^$' "$B/metrics" || true)
 bytes=$(wc -c <"$B/metrics")
 families=$(grep -v '^#\|^$' "$B/metrics" | sed 's/[{ ].*//' | sort | uniq -c | sort -rn | head -6 | awk '{printf "%s%s %s", sep, $2, $1; sep = ", "}')
-kill "$agent_pid"
+# `ip netns exec` forks here: the agent is its child, and is what is stopped.
+kill "$apid"
 wait "$agent_pid" || true
 agent_pid=
 [ "$(records)/$(leases)/$(dnat_chains)" = "$PODS/$PODS/$PODS" ] ||
