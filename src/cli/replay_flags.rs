@@ -45,6 +45,11 @@ pub struct ReplayFlags {
     /// ADD left behind once older than this (docs/CHAIN.md).
     #[arg(long, default_value_t = crate::chain::DEFAULT_LEFT_AFTER_SECS, value_name = "SECS")]
     chain_left_after: u64,
+    /// Before each replay, wait while an ADD is in flight on the node (a record young and
+    /// pending: the tail has not come yet), for at most this long in all per run; 0 never
+    /// waits.
+    #[arg(long, default_value_t = gc::courtesy::DEFAULT_YIELD_MAX_SECS, value_name = "SECS")]
+    yield_max: u64,
 }
 
 impl ReplayFlags {
@@ -61,6 +66,7 @@ impl ReplayFlags {
         opts.jobs = self.jobs.max(1);
         opts.cri_min_age_secs = i64::try_from(self.cri_min_age).unwrap_or(i64::MAX);
         opts.chain_left_after_secs = self.chain_left_after;
+        opts.yield_max = Duration::from_secs(self.yield_max);
         Ok(())
     }
 }

@@ -275,6 +275,7 @@ fn del_chain(
             .or_else(|| rec.chain.as_ref().and_then(|c| c.result.as_ref())),
         timeout: opts.timeout,
         deadline: opts.deadline,
+        courtesy: opts.courtesy.as_deref(),
     };
     let outcomes = replay::replay_del(config, &rec.ledger_type, &inv);
     // The ledger's own DEL, skipped in the chain, runs last: its device return too.

@@ -5,6 +5,7 @@
 //! worker threads, and reports. The policy is in `policy`, the report in `report`.
 
 mod attempt;
+pub mod courtesy;
 mod policy;
 pub mod replay;
 mod report;
@@ -73,6 +74,12 @@ pub struct Options {
     /// `--chain-left-after`: a record whose chain never completed, with no DEL begun, is
     /// failed-left from this age on (`chain::state`; the metrics count it).
     pub chain_left_after_secs: u64,
+    /// `--yield-max`: how long in all one run may wait, before its replays, while ADDs
+    /// are in flight on the node (`courtesy`); zero never waits (the CNI GC verb: the
+    /// runtime runs no ADD during it).
+    pub yield_max: Duration,
+    /// Set by `run` for its replays: the wait for ADDs in flight, shared by its workers.
+    pub courtesy: Option<std::sync::Arc<courtesy::Courtesy>>,
 }
 
 impl Options {
@@ -96,6 +103,8 @@ impl Options {
             deadline: None,
             cri_min_age_secs: DEFAULT_CRI_MIN_AGE_SECS as i64,
             chain_left_after_secs: crate::chain::DEFAULT_LEFT_AFTER_SECS,
+            yield_max: Duration::ZERO,
+            courtesy: None,
         }
     }
 }
@@ -457,9 +466,37 @@ fn attempt_all(
                 .is_some_and(|s| s.load(Ordering::Relaxed))
     };
     let jobs = opts.jobs.clamp(1, 64).min(candidates.len().max(1));
+    // A dry run runs no plugin: nothing to step aside for.
+    let budget = if opts.dry_run {
+        Duration::ZERO
+    } else {
+        opts.yield_max
+    };
+    let courtesy = std::sync::Arc::new(courtesy::Courtesy::new(
+        ledger.clone(),
+        boot,
+        budget,
+        opts.stop.clone(),
+        opts.deadline,
+    ));
+    let with_courtesy = Options {
+        courtesy: Some(courtesy.clone()),
+        ..opts.clone()
+    };
+    let opts = &with_courtesy;
+    let started = AtomicUsize::new(0);
     let per_worker = crate::workers::run(jobs, || {
         let mut done = Vec::new();
-        while !stopping() {
+        // Nothing left to replay: no reason to wait for anyone.
+        let left = || next.load(Ordering::Relaxed) < candidates.len();
+        if left() {
+            courtesy.ramp(started.fetch_add(1, Ordering::Relaxed));
+        }
+        while !stopping() && left() {
+            courtesy.before_replay();
+            if stopping() {
+                break;
+            }
             let i = next.fetch_add(1, Ordering::Relaxed);
             let Some(c) = candidates.get(i) else {
                 break;
@@ -483,6 +520,13 @@ fn attempt_all(
         done
     });
     let mut results: Vec<_> = per_worker.into_iter().flatten().collect();
+    let waited = courtesy.total();
+    if !waited.is_zero() {
+        crate::info!(
+            "gc: replays waited {:.1} s in all for ADDs in flight on the node",
+            waited.as_secs_f64()
+        );
+    }
     if out_of_time() {
         let tried: HashSet<usize> = results.iter().map(|(i, _)| *i).collect();
         for (i, c) in candidates

@@ -27,6 +27,8 @@ pub struct Invocation<'a> {
     pub timeout: Duration,
     /// A caller's time budget: each plugin's timeout is cut to what is left of it.
     pub deadline: Option<std::time::Instant>,
+    /// Waits, before each plugin, while an ADD is in flight on the node (`courtesy`).
+    pub courtesy: Option<&'a super::courtesy::Courtesy>,
 }
 
 /// Why one plugin's DEL did not succeed: its message, and its exit status when it ran
@@ -137,6 +139,9 @@ pub fn replay_del(list: &Value, ledger_type: &str, inv: &Invocation) -> Vec<Plug
         .map(|(plugin, source)| {
             let plugin_type = conflist::plugin_type(plugin).to_string();
             let config = plugin_config(plugin, inv.network, cni_version, inv.capability_args, prev);
+            if let Some(c) = inv.courtesy {
+                c.between_plugins();
+            }
             let result = find_plugin(&plugin_type, inv.cni_path)
                 .and_then(|bin| invoke_del(&bin, &config, inv));
             PluginOutcome {
