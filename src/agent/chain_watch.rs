@@ -26,7 +26,7 @@
 
 use super::{Liveness, Stop};
 use crate::ledger::Ledger;
-use crate::metrics::chain::{boot_ns, list, read_view, stem, Now, View};
+use crate::metrics::chain::{boot_ns, list, read_view, Now, View};
 use crate::metrics::{Metrics, CHAIN_FAILED_LEFT, CHAIN_FAILED_TORN_DOWN, CHAIN_OK};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
@@ -328,7 +328,9 @@ impl Watch {
                 let Some(name) = ev.name.as_ref().and_then(|n| n.to_str()) else {
                     continue;
                 };
-                let Some(stem) = stem(name) else { continue };
+                let Some(stem) = Ledger::record_stem(name) else {
+                    continue;
+                };
                 if ev.wd != self.notes
                     && ev
                         .mask
@@ -461,9 +463,10 @@ mod tests {
             crate::ledger::record::sha256_hex(body.as_bytes())
         );
         let stem = rec.key().stem();
+        let path = l.record_path(&stem);
         crate::ledger::fsio::write_atomic(
             &l.records_dir(),
-            &format!("{stem}.json"),
+            &path.file_name().unwrap().to_string_lossy(),
             bytes.as_bytes(),
             "record",
         )
