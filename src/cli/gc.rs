@@ -144,7 +144,7 @@ fn write_metrics(
         .conf_dir
         .as_deref()
         .unwrap_or(std::path::Path::new(crate::cni::config::DEFAULT_CONF_DIR));
-    match crate::agent::conf::loadable(conf_dir) {
+    match crate::conflist::loadable(conf_dir) {
         Ok(confs) => m.observe_confs_headroom(&confs, &runtime_ranges, true),
         Err(e) => crate::warn!("gc: headroom: {e:#}"),
     }
