@@ -37,7 +37,7 @@ fn intact(bytes: &[u8]) -> Option<Record> {
 }
 
 impl View {
-    fn of(r: Record) -> View {
+    pub fn of(r: Record) -> View {
         View {
             network: r.network,
             add_id: r.add_id,
