@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod node_root;
 pub mod plugin;
 pub mod process;
+pub mod replace;
 pub mod sandbox;
 pub mod time;
 pub mod workers;

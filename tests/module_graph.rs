@@ -15,7 +15,7 @@ const LAYERS: &[&[&str]] = &[
     &["logging", "sandbox"],
     &["workers", "node_root"],
     &["ledger"],
-    &["devices", "conflist", "chain"],
+    &["devices", "conflist", "chain", "replace"],
     &["cni", "injection"],
     &["libcni"],
     &["cri"],

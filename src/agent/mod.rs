@@ -303,7 +303,7 @@ fn uninstall(opts: &Options) -> Result<i32> {
                 d.apply()?;
             }
             if planned.changed {
-                crate::injection::write_replacing(f, planned.text.as_bytes())?;
+                crate::replace::write_replacing(f, planned.text.as_bytes())?;
             }
             Ok(planned.changed || dropin.is_some())
         })();
