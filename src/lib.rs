@@ -13,6 +13,7 @@ pub mod cri;
 pub mod devices;
 pub mod faults;
 pub mod gc;
+pub mod hostlocal;
 pub mod injection;
 pub mod ledger;
 pub mod libcni;

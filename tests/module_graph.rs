@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 /// The layers, lowest first. A module may use any module of a lower layer, none of its
 /// own layer or above. A new top-level module must be placed here (and in MODULES.md).
 const LAYERS: &[&[&str]] = &[
-    &["faults", "process"],
+    &["faults", "process", "hostlocal"],
     &["time"],
     &["logging", "sandbox"],
     &["workers", "node_root"],

@@ -123,7 +123,7 @@ fn consult(opts: &Options, endpoints: &[String]) -> crate::cri::Consulted {
 }
 
 /// Host-local's headroom in the conf dir's networks.
-fn headroom(shared: &Shared, opts: &Options, runtime: &crate::metrics::headroom::RuntimeRanges) {
+fn headroom(shared: &Shared, opts: &Options, runtime: &crate::hostlocal::RuntimeRanges) {
     match crate::conflist::loadable(&opts.conf_dir) {
         Ok(confs) => shared
             .metrics
