@@ -13,6 +13,7 @@
 //! None of this is reachable from the plugin face: `main` selects the plugin when
 //! `CNI_COMMAND` is set before any CLI code runs.
 
+mod chain_tracker;
 pub mod chain_watch;
 pub mod conf;
 mod conflists;
