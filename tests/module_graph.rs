@@ -10,12 +10,12 @@ use std::path::{Path, PathBuf};
 /// The layers, lowest first. A module may use any module of a lower layer, none of its
 /// own layer or above. A new top-level module must be placed here (and in MODULES.md).
 const LAYERS: &[&[&str]] = &[
-    &["faults", "process"],
+    &["faults", "process", "hostlocal"],
     &["time"],
     &["logging", "sandbox"],
     &["workers", "node_root"],
     &["ledger"],
-    &["devices", "conflist", "chain"],
+    &["devices", "conflist", "chain", "replace"],
     &["cni", "injection"],
     &["libcni"],
     &["cri"],
@@ -362,6 +362,175 @@ fn find_cycle(edges: &BTreeMap<(String, String), PathBuf>) -> Option<Vec<String>
         }
     }
     None
+}
+
+/// The sibling files of its folder one file names (`super::x`, `super::{x, y}`,
+/// `crate::<folder>::x`, the same from an inline module with one more `super`): the
+/// uses a circle between files inside a folder is made of. The folder's own `mod.rs`
+/// is no sibling (it declares the files, and they use what it holds).
+fn sibling_uses(
+    file: &Path,
+    module_path: &[String],
+    siblings: &BTreeSet<String>,
+) -> BTreeSet<String> {
+    let folder = &module_path[..module_path.len() - 1];
+    let toks = tokens(&std::fs::read_to_string(file).unwrap());
+    let mut found = BTreeSet::new();
+    let take = |toks: &[Tok], i: usize, found: &mut BTreeSet<String>| match toks.get(i) {
+        Some(Tok::Ident(s)) => {
+            found.insert(s.clone());
+        }
+        Some(Tok::Open) => found.extend(group_heads(toks, i)),
+        _ => {}
+    };
+    let mut brace_depth = 0usize;
+    let mut inline_mods: Vec<usize> = Vec::new();
+    let mut i = 0;
+    while i < toks.len() {
+        match &toks[i] {
+            Tok::Open => brace_depth += 1,
+            Tok::Close => {
+                brace_depth -= 1;
+                if inline_mods.last() == Some(&brace_depth) {
+                    inline_mods.pop();
+                }
+            }
+            Tok::Ident(s)
+                if s == "mod"
+                    && ident(toks.get(i + 1)).is_some()
+                    && toks.get(i + 2) == Some(&Tok::Open) =>
+            {
+                inline_mods.push(brace_depth);
+            }
+            Tok::Ident(s) if s == "crate" && toks.get(i + 1) == Some(&Tok::PathSep) => {
+                let mut j = i + 2;
+                let mut matched = true;
+                for seg in folder {
+                    if ident(toks.get(j)) == Some(seg.as_str())
+                        && toks.get(j + 1) == Some(&Tok::PathSep)
+                    {
+                        j += 2;
+                    } else {
+                        matched = false;
+                        break;
+                    }
+                }
+                if matched {
+                    take(&toks, j, &mut found);
+                }
+            }
+            Tok::Ident(s)
+                if s == "super"
+                    && toks.get(i + 1) == Some(&Tok::PathSep)
+                    && !(i >= 2
+                        && toks[i - 1] == Tok::PathSep
+                        && ident(toks.get(i - 2)) == Some("super")) =>
+            {
+                let mut n = 0;
+                let mut j = i;
+                while ident(toks.get(j)) == Some("super") && toks.get(j + 1) == Some(&Tok::PathSep)
+                {
+                    n += 1;
+                    j += 2;
+                }
+                if n == inline_mods.len() + 1 {
+                    take(&toks, j, &mut found);
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    let own = &module_path[module_path.len() - 1];
+    found
+        .into_iter()
+        .filter(|f| siblings.contains(f) && f != own)
+        .collect()
+}
+
+/// Edges between the files of each folder of src/ (`devices/naming -> devices/select`),
+/// each with the file that makes it.
+fn file_graph() -> BTreeMap<(String, String), PathBuf> {
+    let files = library_files();
+    let mut folders: BTreeMap<Vec<String>, BTreeSet<String>> = BTreeMap::new();
+    for (path, module_path) in &files {
+        let is_mod_rs = path.file_name().is_some_and(|n| n == "mod.rs");
+        if module_path.len() >= 2 && !is_mod_rs {
+            let (name, folder) = module_path.split_last().unwrap();
+            folders
+                .entry(folder.to_vec())
+                .or_default()
+                .insert(name.clone());
+        }
+    }
+    let mut edges = BTreeMap::new();
+    for (path, module_path) in &files {
+        let is_mod_rs = path.file_name().is_some_and(|n| n == "mod.rs");
+        if module_path.len() < 2 || is_mod_rs {
+            continue;
+        }
+        let folder = &module_path[..module_path.len() - 1];
+        let siblings = &folders[folder];
+        for used in sibling_uses(path, module_path, siblings) {
+            let mut to = folder.to_vec();
+            to.push(used);
+            edges
+                .entry((module_path.join("/"), to.join("/")))
+                .or_insert_with(|| path.clone());
+        }
+    }
+    edges
+}
+
+#[test]
+fn no_import_circle_between_the_files_of_a_folder() {
+    let edges = file_graph();
+    // The reader itself must see the graph: this edge exists for as long as the code
+    // is what it is (a device's name is chosen from what the selection read).
+    assert!(
+        edges.contains_key(&("devices/naming".to_string(), "devices/select".to_string())),
+        "the reader missed devices/naming -> devices/select: {:#?}",
+        edges.keys()
+    );
+    if let Some(cycle) = find_cycle(&edges) {
+        let files: Vec<String> = cycle
+            .windows(2)
+            .map(|w| format!("{}", edges[&(w[0].clone(), w[1].clone())].display()))
+            .collect();
+        panic!(
+            "import circle between files: {} (made in {})",
+            cycle.join(" -> "),
+            files.join(", ")
+        );
+    }
+}
+
+#[test]
+fn the_file_reader_sees_siblings_by_super_crate_and_groups_only() {
+    let dir = std::env::temp_dir().join(format!("module-graph-files-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("x.rs");
+    std::fs::write(
+        &file,
+        r##"
+        //! See `super::doc` (a doc link, not a use).
+        use super::{a::A, b};
+        use crate::devices::c::C;
+        use crate::ledger::d;
+        use super::Thing;
+        fn f() { let s = "super::e"; }
+        mod tests { use super::super::f; use super::g; }
+        "##,
+    )
+    .unwrap();
+    let siblings: BTreeSet<String> = ["a", "b", "c", "d", "doc", "e", "f", "g", "x"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let found = sibling_uses(&file, &["devices".into(), "x".into()], &siblings);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let want: BTreeSet<String> = ["a", "b", "c", "f"].iter().map(|s| s.to_string()).collect();
+    assert_eq!(found, want);
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! list `.conf`, `.conflist` and `.json` files of the conf dir together, sorted by name,
 //! and take the first that loads. `--conflist` overrides that choice.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -27,57 +27,13 @@ impl std::str::FromStr for Choice {
     }
 }
 
-/// Whether a document loads as a network configuration: a conflist (a `name` and a
-/// non-empty `plugins` list) or a single plugin (a `name` and a `type`), whose
-/// `cniVersion`, if any, is a string (libcni refuses to load any other).
-pub fn loads(doc: &Value) -> bool {
-    if doc.get("cniVersion").is_some_and(|v| !v.is_string()) {
-        return false;
-    }
-    let named = doc.get("name").and_then(Value::as_str).is_some();
-    let list = doc
-        .get("plugins")
-        .and_then(Value::as_array)
-        .is_some_and(|p| !p.is_empty());
-    let single = doc.get("type").and_then(Value::as_str).is_some();
-    named && (list || single)
-}
-
-/// Configuration files that load, sorted by file name (the runtime's order).
-pub fn loadable(dir: &Path) -> Result<Vec<(PathBuf, Value)>> {
-    let rd = match std::fs::read_dir(dir) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
-    };
-    let mut paths: Vec<PathBuf> = rd
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| {
-            matches!(
-                p.extension().and_then(|e| e.to_str()),
-                Some("conf" | "conflist" | "json")
-            ) && p.is_file()
-        })
-        .collect();
-    paths.sort();
-    Ok(paths
-        .into_iter()
-        .filter_map(|p| {
-            let bytes = std::fs::read(&p).ok()?;
-            let doc: Value = serde_json::from_slice(&bytes).ok()?;
-            loads(&doc).then_some((p, doc))
-        })
-        .collect())
-}
-
 pub fn choose(dir: &Path, choice: &Choice) -> Result<Vec<PathBuf>> {
     Ok(chosen(dir, choice)?.into_iter().map(|(p, _)| p).collect())
 }
 
 /// The chosen files with their documents.
 pub fn chosen(dir: &Path, choice: &Choice) -> Result<Vec<(PathBuf, Value)>> {
-    let mut all = loadable(dir)?;
+    let mut all = crate::conflist::loadable(dir)?;
     Ok(match choice {
         Choice::First => all.into_iter().take(1).collect(),
         Choice::All => all,

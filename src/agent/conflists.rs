@@ -144,7 +144,7 @@ impl<'a> Conflists<'a> {
     /// One read-plan-write of `path`; None when another writer changed the file between
     /// the read and the write (nothing of theirs was replaced): start over.
     fn attempt(&mut self, path: &Path, now: Instant) -> Option<FileOutcome> {
-        if let Some(target) = injection::symlink_target(path) {
+        if let Some(target) = crate::replace::symlink_target(path) {
             return Some(self.linked(path, &target));
         }
         // Set again below while the version stays unserved; any other finding replaces it.
@@ -152,7 +152,7 @@ impl<'a> Conflists<'a> {
             .entry(path.to_path_buf())
             .or_default()
             .unsupported = None;
-        let read = match injection::read_for_edit(path) {
+        let read = match crate::replace::read_for_edit(path) {
             Ok(r) => r,
             Err(e) => {
                 let st = self.files.entry(path.to_path_buf()).or_default();
@@ -263,7 +263,7 @@ impl<'a> Conflists<'a> {
     fn unserved(
         &mut self,
         path: &Path,
-        read: &injection::ReadConf,
+        read: &crate::replace::ReadConf,
         doc: &Value,
         why: crate::cni::version::Unserved,
         net: Option<String>,
@@ -301,9 +301,9 @@ impl<'a> Conflists<'a> {
                 if !planned.changed {
                     return Ok(Some(false));
                 }
-                match injection::replace_if_unchanged(path, read, planned.text.as_bytes())? {
-                    injection::Replaced::Done { .. } => Ok(Some(true)),
-                    injection::Replaced::Changed(_) => Ok(None),
+                match crate::replace::replace_if_unchanged(path, read, planned.text.as_bytes())? {
+                    crate::replace::Replaced::Done { .. } => Ok(Some(true)),
+                    crate::replace::Replaced::Changed(_) => Ok(None),
                 }
             });
             match out {
@@ -343,7 +343,7 @@ impl<'a> Conflists<'a> {
     }
 
     /// A chosen file that is a symbolic link: read through it, never written (see
-    /// `injection::symlink_target`). Verified injected when the target already has the
+    /// `replace::symlink_target`). Verified injected when the target already has the
     /// ledger first, else shown in `/readyz` with what to do.
     fn linked(&mut self, path: &Path, target: &Path) -> FileOutcome {
         let entry = EntryOptions {
@@ -451,7 +451,7 @@ impl<'a> Conflists<'a> {
     fn convert(
         &mut self,
         path: &Path,
-        read: &injection::ReadConf,
+        read: &crate::replace::ReadConf,
         list: &Value,
         now: Instant,
         net: Option<String>,
@@ -489,7 +489,7 @@ impl<'a> Conflists<'a> {
             let mut text = serde_json::to_string_pretty(&new)?;
             text.push('\n');
             // Converting an older version than the one there now would lose the newer.
-            if let Some(why) = injection::changed_since(path, read) {
+            if let Some(why) = crate::replace::changed_since(path, read) {
                 crate::info!(
                     "agent: {}: {why} after it was read; reading it again",
                     path.display()
@@ -506,7 +506,7 @@ impl<'a> Conflists<'a> {
             };
             std::fs::rename(path, &aside)
                 .with_context(|| format!("renaming {} aside", path.display()))?;
-            if !injection::is_what_was_read(&aside, read) {
+            if !crate::replace::is_what_was_read(&aside, read) {
                 // A newer .conf landed between the check and the move: it goes back (unless
                 // a newer one still is in place), the conversion is undone, and it starts over.
                 if std::fs::hard_link(&aside, path).is_ok() {
@@ -569,7 +569,7 @@ impl<'a> Conflists<'a> {
 /// reads it back; true when verified.
 fn write_verified(
     path: &Path,
-    read: &injection::ReadConf,
+    read: &crate::replace::ReadConf,
     text: &str,
     plugin_type: &str,
     entry: &EntryOptions,
@@ -577,9 +577,9 @@ fn write_verified(
     shared: &Shared,
 ) -> Option<bool> {
     let label = path.display().to_string();
-    let ino = match injection::replace_if_unchanged(path, read, text.as_bytes()) {
-        Ok(injection::Replaced::Done { ino }) => ino,
-        Ok(injection::Replaced::Changed(why)) => {
+    let ino = match crate::replace::replace_if_unchanged(path, read, text.as_bytes()) {
+        Ok(crate::replace::Replaced::Done { ino }) => ino,
+        Ok(crate::replace::Replaced::Changed(why)) => {
             crate::info!("agent: {label}: {why} after it was read; reading it again");
             return None;
         }
@@ -613,7 +613,7 @@ fn write_verified(
 /// the file `like` was read from) linked into place, which fails rather than replace a
 /// file another writer created meanwhile. Returns its inode. Not yet durable: the
 /// caller fsyncs the directory.
-fn write_new(path: &Path, like: &injection::ReadConf, bytes: &[u8]) -> anyhow::Result<u64> {
+fn write_new(path: &Path, like: &crate::replace::ReadConf, bytes: &[u8]) -> anyhow::Result<u64> {
     use crate::ledger::fsio;
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().unwrap_or_default().to_string_lossy();

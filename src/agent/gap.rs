@@ -4,19 +4,9 @@
 //! After every (re)injection they are adopted into the ledger, and what is left is
 //! counted and logged.
 
-use crate::ledger::{Key, Ledger};
-use serde::Deserialize;
+use crate::ledger::Ledger;
 use std::collections::BTreeMap;
 use std::path::Path;
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct CacheHead {
-    kind: String,
-    container_id: String,
-    if_name: String,
-    network_name: String,
-}
 
 /// Per network among `networks`, the libcni cache entries that have no record.
 pub fn unrecorded(cache_dir: &Path, ledger: &Ledger, networks: &[String]) -> BTreeMap<String, u64> {
@@ -25,19 +15,12 @@ pub fn unrecorded(cache_dir: &Path, ledger: &Ledger, networks: &[String]) -> BTr
         return out;
     };
     for item in rd.flatten() {
-        let Ok(bytes) = crate::ledger::fsio::read_nofollow(&item.path(), 4 << 20) else {
+        let Some(key) = crate::libcni::cache::attachment_key(&item.path()) else {
             continue;
         };
-        let Ok(head) = serde_json::from_slice::<CacheHead>(&bytes) else {
+        let Some(count) = out.get_mut(&key.network) else {
             continue;
         };
-        let Some(count) = out.get_mut(&head.network_name) else {
-            continue;
-        };
-        if head.kind != "cniCacheV1" {
-            continue;
-        }
-        let key = Key::new(head.network_name, head.container_id, head.if_name);
         if !matches!(ledger.read(&key.stem()), Ok(Some(_))) {
             *count += 1;
         }

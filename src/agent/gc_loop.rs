@@ -123,8 +123,8 @@ fn consult(opts: &Options, endpoints: &[String]) -> crate::cri::Consulted {
 }
 
 /// Host-local's headroom in the conf dir's networks.
-fn headroom(shared: &Shared, opts: &Options, runtime: &crate::metrics::headroom::RuntimeRanges) {
-    match conf::loadable(&opts.conf_dir) {
+fn headroom(shared: &Shared, opts: &Options, runtime: &crate::hostlocal::RuntimeRanges) {
+    match crate::conflist::loadable(&opts.conf_dir) {
         Ok(confs) => shared
             .metrics
             .observe_confs_headroom(&confs, runtime, false),

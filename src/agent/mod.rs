@@ -13,6 +13,7 @@
 //! None of this is reachable from the plugin face: `main` selects the plugin when
 //! `CNI_COMMAND` is set before any CLI code runs.
 
+mod chain_tracker;
 pub mod chain_watch;
 pub mod conf;
 mod conflists;
@@ -303,7 +304,7 @@ fn uninstall(opts: &Options) -> Result<i32> {
                 d.apply()?;
             }
             if planned.changed {
-                crate::injection::write_replacing(f, planned.text.as_bytes())?;
+                crate::replace::write_replacing(f, planned.text.as_bytes())?;
             }
             Ok(planned.changed || dropin.is_some())
         })();

@@ -135,8 +135,7 @@ fn write_metrics(
         Some(r) => m.observe_gc(r, took.as_secs_f64()),
         None => m.observe_gc_error(took.as_secs_f64()),
     }
-    let runtime_ranges = m.observe_ledger(&crate::ledger::Ledger::at(&opts.ledger_dir));
-    m.observe_failed_left(
+    let runtime_ranges = m.observe_ledger_and_failed_left(
         &crate::ledger::Ledger::at(&opts.ledger_dir),
         opts.chain_left_after_secs,
     );
@@ -144,7 +143,7 @@ fn write_metrics(
         .conf_dir
         .as_deref()
         .unwrap_or(std::path::Path::new(crate::cni::config::DEFAULT_CONF_DIR));
-    match crate::agent::conf::loadable(conf_dir) {
+    match crate::conflist::loadable(conf_dir) {
         Ok(confs) => m.observe_confs_headroom(&confs, &runtime_ranges, true),
         Err(e) => crate::warn!("gc: headroom: {e:#}"),
     }

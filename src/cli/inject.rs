@@ -5,7 +5,8 @@
 //! `cniVersion` the ledger does not serve is refused. Files are replaced by rename, so a
 //! runtime watching the directory never reads half a file.
 
-use crate::injection::{plan, write_replacing, EntryOptions};
+use crate::injection::{plan, EntryOptions};
+use crate::replace::write_replacing;
 use anyhow::{Context, Result};
 use std::path::PathBuf;
 

@@ -26,7 +26,7 @@ pub struct Note {
 }
 
 pub fn dir(ledger: &Ledger) -> PathBuf {
-    ledger.root().join("devices")
+    ledger.devices_dir()
 }
 
 pub fn write(ledger: &Ledger, key: &Key, netns: &str, failures: &[Failure]) -> Result<PathBuf> {

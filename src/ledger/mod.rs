@@ -157,6 +157,53 @@ impl Ledger {
     pub fn record_path(&self, stem: &str) -> PathBuf {
         self.records_dir().join(format!("{stem}{RECORD_EXT}"))
     }
+    /// Where the device notes and the host's links kept at ADD live (src/devices/).
+    pub fn devices_dir(&self) -> PathBuf {
+        self.root.join("devices")
+    }
+
+    /// The stem of a file name in `records/`; None for a temp file of a write in
+    /// progress (they start with a dot and never end in `.json`) or a foreign name.
+    pub fn record_stem(name: &str) -> Option<&str> {
+        name.strip_suffix(RECORD_EXT)
+            .filter(|s| !s.starts_with('.'))
+    }
+
+    /// The stems of `records/`, as listed now (empty when it cannot be listed): what a
+    /// reader that wants intact records only (metrics, the agent's watcher) walks.
+    pub fn record_stems(&self) -> Vec<String> {
+        let Ok(rd) = std::fs::read_dir(self.records_dir()) else {
+            return Vec::new();
+        };
+        rd.filter_map(|e| e.ok())
+            .filter_map(|e| Some(Ledger::record_stem(e.file_name().to_str()?)?.to_string()))
+            .collect()
+    }
+
+    /// `stem`'s record if it is intact and of a format this binary knows, with the
+    /// tail's note on it (`with_note`); None for anything else, which gc and `list`
+    /// deal with. Its name is not checked against its key.
+    pub fn read_intact(&self, stem: &str) -> Option<Record> {
+        let bytes = fsio::read_nofollow(&self.record_path(stem), MAX_RECORD).ok()?;
+        let mut rec = match record::decode(&bytes) {
+            Decoded::Ok(r) => *r,
+            _ => return None,
+        };
+        self.with_note(stem, &mut rec);
+        Some(rec)
+    }
+
+    /// The path of the plugin's conflist memo `name` (src/plugin/conf_memo.rs), kept in
+    /// `snapshots/` under a name that is not `.json`, which the snapshot sweep and
+    /// `verify` take for snapshots.
+    pub fn memo_path(&self, name: &str) -> PathBuf {
+        self.snapshots_dir().join(name)
+    }
+
+    /// Replaces the memo `name` atomically.
+    pub fn put_memo(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        fsio::replace_atomic(&self.snapshots_dir(), name, bytes, "memo")
+    }
 
     pub fn lock(&self, stem: &str, wait: Wait) -> Result<Option<KeyLock>> {
         let path = self.locks_dir().join(KEY_LOCKS);
@@ -616,6 +663,25 @@ pub(crate) mod tests {
         assert_eq!(mode & 0o777, 0o600);
         assert!(l.remove(&stem).unwrap());
         assert!(l.read(&stem).unwrap().is_none());
+    }
+
+    #[test]
+    fn the_intact_records_readers_list_are_the_records_only() {
+        let l = tmp_ledger("intact");
+        let r = record::sample();
+        l.write(&r).unwrap();
+        let stem = r.key().stem();
+        let dir = l.records_dir();
+        std::fs::write(dir.join(".tmp-half"), b"x").unwrap();
+        std::fs::write(dir.join("foreign.txt"), b"x").unwrap();
+        std::fs::write(dir.join("torn:c:eth0.json"), b"{").unwrap();
+        let mut stems = l.record_stems();
+        stems.sort();
+        assert_eq!(stems, [stem.clone(), "torn:c:eth0".to_string()]);
+        assert_eq!(l.read_intact(&stem).unwrap().key(), r.key());
+        assert!(l.read_intact("torn:c:eth0").is_none());
+        assert!(l.read_intact("absent:c:eth0").is_none());
+        assert_eq!(Ledger::record_stem(".x.json"), None);
     }
 
     #[test]

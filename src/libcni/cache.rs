@@ -24,17 +24,23 @@ struct CacheFile {
     result: Option<Value>,
     #[serde(default)]
     capability_args: Option<Map<String, Value>>,
-    #[serde(default)]
-    container_id: String,
-    #[serde(default)]
-    if_name: String,
-    #[serde(default)]
-    network_name: String,
+    /// The attachment's names: absent is told apart from empty (`attachment_key`);
+    /// a `null` is undecodable, as for a plain string.
+    #[serde(default, deserialize_with = "string")]
+    container_id: Option<String>,
+    #[serde(default, deserialize_with = "string")]
+    if_name: Option<String>,
+    #[serde(default, deserialize_with = "string")]
+    network_name: Option<String>,
     /// Written from libcni 1.2 on.
     #[serde(default)]
     netns: String,
     #[serde(default)]
     cni_args: Option<Vec<[String; 2]>>,
+}
+
+fn string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    String::deserialize(d).map(Some)
 }
 
 /// One whole cache entry, as `adopt` needs it.
@@ -95,16 +101,16 @@ pub fn read_entry(path: &Path) -> Result<CacheEntry, Unusable> {
     if file.kind != "cniCacheV1" {
         return Err(format!("unknown kind {}", file.kind));
     }
+    let network_name = file.network_name.unwrap_or_default();
+    let container_id = file.container_id.unwrap_or_default();
+    let if_name = file.if_name.unwrap_or_default();
     let env = crate::cni::env::is_valid_name;
-    if !env(&file.network_name) || !env(&file.container_id) {
+    if !env(&network_name) || !env(&container_id) {
         return Err("invalid or missing networkName or containerId".into());
     }
-    crate::cni::env::validate_ifname(&file.if_name)
+    crate::cni::env::validate_ifname(&if_name)
         .map_err(|_| "invalid or missing ifName".to_string())?;
-    let expected = format!(
-        "{}-{}-{}",
-        file.network_name, file.container_id, file.if_name
-    );
+    let expected = format!("{network_name}-{container_id}-{if_name}");
     if path.file_name().and_then(|n| n.to_str()) != Some(expected.as_str()) {
         return Err(format!("misnamed: holds the entry of {expected}"));
     }
@@ -121,9 +127,9 @@ pub fn read_entry(path: &Path) -> Result<CacheEntry, Unusable> {
         .to_string();
     Ok(CacheEntry {
         path: path.to_path_buf(),
-        network: file.network_name,
-        container_id: file.container_id,
-        ifname: file.if_name,
+        network: network_name,
+        container_id,
+        ifname: if_name,
         netns: file.netns,
         cni_args: file
             .cni_args
@@ -137,6 +143,22 @@ pub fn read_entry(path: &Path) -> Result<CacheEntry, Unusable> {
         cni_version,
         written_at: meta.mtime(),
     })
+}
+
+/// The attachment a cache file is of, read leniently for counting (the agent's count of
+/// attachments with no record): any `cniCacheV1` file naming its network, container
+/// and interface, whatever its file name and the rest of it.
+pub fn attachment_key(path: &Path) -> Option<Key> {
+    let bytes = crate::ledger::fsio::read_nofollow(path, 4 << 20).ok()?;
+    let file: CacheFile = serde_json::from_slice(&bytes).ok()?;
+    if file.kind != "cniCacheV1" {
+        return None;
+    }
+    Some(Key::new(
+        file.network_name?,
+        file.container_id?,
+        file.if_name?,
+    ))
 }
 
 impl CachedAttachment {
@@ -252,6 +274,28 @@ mod tests {
         assert!(why("pods-other-eth0", good).starts_with("misnamed"));
         let bad_id = String::from_utf8_lossy(good).replace(r#""c1""#, r#""../x""#);
         assert!(why("pods-x-eth0", bad_id.as_bytes()).starts_with("invalid"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_attachment_key_needs_the_three_names_and_the_kind() {
+        let dir = std::env::temp_dir().join(format!("cl-cache-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = |bytes: &str| {
+            let p = dir.join("any-name");
+            std::fs::write(&p, bytes).unwrap();
+            attachment_key(&p)
+        };
+        let k =
+            key(r#"{"kind":"cniCacheV1","containerId":"c1","ifName":"eth0","networkName":"pods"}"#)
+                .unwrap();
+        assert_eq!(k, Key::new("pods", "c1", "eth0"));
+        assert!(key(r#"{"kind":"cniCacheV1","ifName":"eth0","networkName":"pods"}"#).is_none());
+        assert!(
+            key(r#"{"kind":"v2","containerId":"c1","ifName":"eth0","networkName":"pods"}"#)
+                .is_none()
+        );
+        assert!(key("").is_none());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -9,8 +9,6 @@ use crate::ledger::Ledger;
 use std::collections::BTreeMap;
 
 pub use crate::chain::DEFAULT_LEFT_AFTER_SECS;
-const RECORD_EXT: &str = ".json";
-const MAX_RECORD: u64 = 4 << 20;
 
 /// The fields of a record the chain's metrics need (the chain's spec): what the watcher
 /// keeps per record, without the chain's result.
@@ -39,7 +37,7 @@ fn intact(bytes: &[u8]) -> Option<Record> {
 }
 
 impl View {
-    fn of(r: Record) -> View {
+    pub fn of(r: Record) -> View {
         View {
             network: r.network,
             add_id: r.add_id,
@@ -134,31 +132,19 @@ pub fn failed_left_by_network(ledger: &Ledger, left_after_secs: u64) -> BTreeMap
 }
 
 pub fn list(ledger: &Ledger) -> Vec<(String, View)> {
-    let Ok(rd) = std::fs::read_dir(ledger.records_dir()) else {
-        return Vec::new();
-    };
-    rd.filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name().to_str()?.to_string();
-            let stem = stem(&name)?.to_string();
+    ledger
+        .record_stems()
+        .into_iter()
+        .filter_map(|stem| {
             let v = read_view(ledger, &stem)?;
             Some((stem, v))
         })
         .collect()
 }
 
-pub fn stem(name: &str) -> Option<&str> {
-    // Temp files of writes in progress start with a dot and never end in `.json`.
-    name.strip_suffix(RECORD_EXT)
-        .filter(|s| !s.starts_with('.'))
-}
-
-/// The view of `stem`'s record, with the tail's note on it (`Ledger::with_note`).
+/// The view of `stem`'s record, with the tail's note on it (`Ledger::read_intact`).
 pub fn read_view(ledger: &Ledger, stem: &str) -> Option<View> {
-    let bytes = crate::ledger::fsio::read_nofollow(&ledger.record_path(stem), MAX_RECORD).ok()?;
-    let mut rec = intact(&bytes)?;
-    ledger.with_note(stem, &mut rec);
-    Some(View::of(rec))
+    ledger.read_intact(stem).map(View::of)
 }
 
 #[cfg(test)]

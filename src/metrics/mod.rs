@@ -354,11 +354,11 @@ impl Metrics {
         }
     }
 
-    /// Records of chains with a tail left behind now (gc --metrics-file; the agent's
-    /// watcher sets the same gauge from what it remembers).
-    pub fn observe_failed_left(&self, ledger: &Ledger, left_after_secs: u64) {
+    /// Records of chains with a tail left behind, by network (gc --metrics-file; the
+    /// agent's watcher sets the same gauge from what it remembers).
+    fn set_failed_left(&self, by_network: BTreeMap<String, i64>) {
         self.chain_failed_left.reset();
-        for (net, n) in chain::failed_left_by_network(ledger, left_after_secs) {
+        for (net, n) in by_network {
             self.chain_failed_left
                 .with_label_values(&[net.as_str()])
                 .set(n);
@@ -415,33 +415,67 @@ impl Metrics {
     /// Returns the address ranges runtimes passed in the records (for the headroom),
     /// found by the same scan.
     pub fn observe_ledger(&self, ledger: &Ledger) -> headroom::RuntimeRanges {
+        self.observe_records(ledger, None)
+    }
+
+    /// `observe_ledger`, and the records failed-left now (`--chain-left-after`) counted
+    /// in the same pass over the records: what `gc --metrics-file` exports.
+    pub fn observe_ledger_and_failed_left(
+        &self,
+        ledger: &Ledger,
+        left_after_secs: u64,
+    ) -> headroom::RuntimeRanges {
+        self.observe_records(ledger, Some(left_after_secs))
+    }
+
+    fn observe_records(
+        &self,
+        ledger: &Ledger,
+        failed_left_after: Option<u64>,
+    ) -> headroom::RuntimeRanges {
+        type Counts = BTreeMap<String, i64>;
+        let now = failed_left_after.map(|_| chain::Now::read());
         let scans = ledger.scan(
             crate::ledger::scan_jobs(),
             || {
                 (
-                    BTreeMap::<String, i64>::new(),
+                    Counts::new(),
                     headroom::RuntimeRanges::default(),
+                    Counts::new(),
                 )
             },
-            |(counts, ranges), entry| {
+            |(counts, ranges, left), entry| {
                 if let Decoded::Ok(rec) = entry.decoded {
                     ranges.add(&rec.network, rec.runtime_config.get("ipRanges"));
-                    *counts.entry(rec.network).or_default() += 1;
+                    *counts.entry(rec.network.clone()).or_default() += 1;
+                    if let (Some(now), Some(after)) = (&now, failed_left_after) {
+                        let view = chain::View::of(*rec);
+                        if view.failed_left(now, after) {
+                            *left.entry(view.network).or_default() += 1;
+                        }
+                    }
                 }
             },
         );
         let mut ranges = headroom::RuntimeRanges::default();
+        let mut failed_left = Counts::new();
         match scans {
             Ok(scans) => {
                 self.records.reset();
-                for (counts, found) in scans {
+                for (counts, found, left) in scans {
                     for (net, n) in counts {
                         self.records.with_label_values(&[&net]).add(n);
                     }
                     ranges.merge(found);
+                    for (net, n) in left {
+                        *failed_left.entry(net).or_default() += n;
+                    }
                 }
             }
             Err(e) => crate::warn!("agent: counting records: {e:#}"),
+        }
+        if failed_left_after.is_some() {
+            self.set_failed_left(failed_left);
         }
         let q = std::fs::read_dir(ledger.quarantine_dir())
             .map(|rd| rd.count())
@@ -595,6 +629,46 @@ mod tests {
         let text = m.encode();
         assert!(text.contains("cni_ledger_cri_refused 1"), "{text}");
         assert!(text.contains("cni_ledger_unreadable_records 2"), "{text}");
+    }
+
+    #[test]
+    fn gc_counts_records_and_failed_left_ones_in_one_pass() {
+        let l = crate::ledger::tests::tmp_ledger("metrics-one-pass");
+        // Of another boot and days old: a tail that never came is failed-left.
+        let mut left = crate::ledger::record::sample();
+        left.tail = true;
+        l.write(&left).unwrap();
+        let mut plain = crate::ledger::record::sample();
+        plain.container_id = "def".into();
+        l.write(&plain).unwrap();
+        let m = Metrics::new();
+        m.observe_ledger(&l);
+        let text = m.encode();
+        assert!(
+            text.contains("cni_ledger_records{network=\"net1\"} 2"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("cni_ledger_chain_failed_left_records{"),
+            "{text}"
+        );
+        m.observe_ledger_and_failed_left(&l, 900);
+        let text = m.encode();
+        assert!(
+            text.contains("cni_ledger_records{network=\"net1\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cni_ledger_chain_failed_left_records{network=\"net1\"} 1"),
+            "{text}"
+        );
+        l.remove(&left.key().stem()).unwrap();
+        m.observe_ledger_and_failed_left(&l, 900);
+        let text = m.encode();
+        assert!(
+            !text.contains("cni_ledger_chain_failed_left_records{"),
+            "{text}"
+        );
     }
 
     #[test]

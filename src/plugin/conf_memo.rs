@@ -15,7 +15,7 @@
 //! a record; it is written fsynced and renamed into place, so it is whole or absent.
 
 use crate::conflist;
-use crate::ledger::fsio::{self, FileId};
+use crate::ledger::fsio::FileId;
 use crate::ledger::{record, Ledger};
 use nix::sys::statfs;
 use std::io;
@@ -95,7 +95,7 @@ fn read_small(path: &Path) -> io::Result<Vec<u8>> {
 }
 
 fn memo_path(ledger: &Ledger, network: &str, conf_dir: &Path) -> PathBuf {
-    ledger.snapshots_dir().join(memo_name(network, conf_dir))
+    ledger.memo_path(&memo_name(network, conf_dir))
 }
 
 /// One memo per network and conf dir: two runtimes' conf dirs naming the same network
@@ -174,9 +174,7 @@ pub fn remember(
 ) {
     if let Some(text) = describe(network, conf_dir, memo, began - settled) {
         let name = memo_name(network, conf_dir);
-        if let Err(e) =
-            fsio::replace_atomic(&ledger.snapshots_dir(), &name, text.as_bytes(), "memo")
-        {
+        if let Err(e) = ledger.put_memo(&name, text.as_bytes()) {
             crate::debug!("conflist memo of {network} not written: {e}");
         }
     }
