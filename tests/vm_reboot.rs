@@ -960,18 +960,30 @@ fn check_nic_after_the_fact(out: &Path) {
         }
     }
     // Debian's host-device as the chained driver. At DEL (CRI-O's order) its own DEL
-    // moves the NIC out before the ledger's runs, under the alias the pod rewrote: what
-    // it does is printed, and the NIC must be on the host. With no DEL, gc gives it back.
+    // moves the NIC out before the ledger's runs, renamed after the alias the pod
+    // rewrote (cni0), down; the ledger's head DEL, last, gives it back its host name and
+    // the node's state. The control (no returnDevices) is host-device's own: printed.
     let hd = read(&out.join("nic-hd-del.txt"));
     println!(
-        "FIGURE vm NIC host-device in the chain, CRI-O's order: {} (in the pod: {})",
+        "FIGURE vm NIC host-device in the chain, returnDevices, CRI-O's order: {} (in the pod: {})",
         hd.trim(),
         read(&out.join("nic-hd-del-inpod.txt")).trim()
     );
     assert_eq!(read(&out.join("nic-hd-del-del.rc")).trim(), "0");
+    assert_eq!(
+        nic_state(out, "hd-del"),
+        (nic.clone(), "1500".into(), "up".into()),
+        "the head's DEL gave back the NIC host-device returned: {hd}\n{}",
+        read(&out.join("nic-hd-del-del.err"))
+    );
+    println!(
+        "FIGURE vm NIC host-device in the chain, control (no returnDevices): {}",
+        read(&out.join("nic-hd-ctl.txt")).trim()
+    );
+    assert_eq!(read(&out.join("nic-hd-ctl-del.rc")).trim(), "0");
     assert!(
-        hd.starts_with("name="),
-        "host-device's DEL left the NIC off the host: {hd}"
+        read(&out.join("nic-hd-ctl.txt")).starts_with("name="),
+        "host-device's DEL left the NIC off the host"
     );
     println!(
         "FIGURE vm NIC host-device, netns removed with no DEL: {}; after gc: {}",

@@ -507,6 +507,15 @@ pub fn at_del(ledger: &Ledger, key: &Key, netns: &str, spec: &Spec, who: &str) {
                 .unwrap_or_default()
         );
     }
+    // A plugin of the chain may have moved a recorded device out in its own DEL, before
+    // this one, under a name the pod could choose (host-device: the alias).
+    let skip: Vec<String> = out
+        .moved
+        .iter()
+        .filter(|m| m.kind == DeviceKind::Netdev)
+        .filter_map(|m| m.bus_address.clone())
+        .collect();
+    give_back_returned(ledger, key, &recorded, &skip, who);
     state::forget(ledger, key);
     for m in &out.mismatches {
         crate::warn!(
@@ -538,6 +547,38 @@ pub fn at_del(ledger: &Ledger, key: &Key, netns: &str, spec: &Spec, who: &str) {
     if !out.failures.is_empty() {
         if let Err(e) = note::write(ledger, key, netns, &out.failures) {
             crate::error!("{who} {key}: cannot keep the device failures: {e:#}");
+        }
+    }
+}
+
+/// The head's DEL, after the chain's DELs: the recorded devices a plugin of the chain
+/// returned to the host itself, under a name other than their recorded host name, get
+/// that name (or the neutral one) and the host's state back (`state::plan_returned`).
+/// Logs each; never fails.
+pub fn give_back_returned(
+    ledger: &Ledger,
+    key: &Key,
+    recorded: &[Recorded],
+    skip: &[String],
+    who: &str,
+) {
+    if recorded.is_empty() {
+        return;
+    }
+    for d in state::give_back_returned(ledger, key, recorded, skip) {
+        match &d.error {
+            None => crate::info!(
+                "{who} {key}: device {} ({}), returned to the host by the chain's DEL, given back as {}",
+                d.found_as,
+                d.bus_address,
+                state::summary(std::slice::from_ref(&d))
+            ),
+            Some(e) => crate::error!(
+                "{who} {key}: could not give back device {} ({}), returned by the chain's DEL, as {}: {e}",
+                d.found_as,
+                d.bus_address,
+                d.host_name
+            ),
         }
     }
 }

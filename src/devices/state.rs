@@ -199,6 +199,70 @@ pub fn plan<'a>(
     out
 }
 
+/// What the head's DEL does (pure) with the host's links `links` for the recorded
+/// devices `recorded` that a plugin of the chain moved out in its own DEL, before ours
+/// ran (Debian's host-device renames it after the alias, which the pod may have
+/// rewritten): (link, its host name) per device. Only a hardware link the recorded bus
+/// address names, on the host (so in no pod's namespace), down (as any link is that
+/// just left a namespace), under a name other than its recorded host name; never one
+/// whose bus address is in `skip` (the devices this DEL itself moved back).
+pub fn plan_returned<'a>(
+    links: &'a [select::PodLink],
+    recorded: &[Recorded],
+    skip: &[String],
+    flags_up: &dyn Fn(&str) -> bool,
+) -> Vec<(&'a select::PodLink, String)> {
+    let mut taken: HashSet<String> = links.iter().map(|l| l.name.clone()).collect();
+    let mut out = Vec::new();
+    for r in recorded {
+        let Some(bus) = r.bus_address.as_deref() else {
+            continue;
+        };
+        if skip.iter().any(|s| s == bus) {
+            continue;
+        }
+        let Some(l) = links
+            .iter()
+            .find(|l| l.hardware && l.bus_address.as_deref() == Some(bus))
+        else {
+            continue;
+        };
+        if flags_up(&l.name) || l.name == r.host_name {
+            continue;
+        }
+        taken.remove(&l.name);
+        let (name, _) = naming::choose(l, Some(&r.host_name), &taken);
+        taken.insert(name.clone());
+        out.push((l, name));
+    }
+    out
+}
+
+/// Whether the host link `name` under `class_net` is up; unreadable counts as up, so
+/// that it is left alone.
+fn is_up(class_net: &Path, name: &str) -> bool {
+    read_num(&class_net.join(name).join("flags")).is_none_or(|f| f & IFF_UP != 0)
+}
+
+/// The head's DEL, after the chain's DELs: gives the recorded devices a plugin of the
+/// chain returned (see `plan_returned`) their host name and the state kept at ADD.
+pub fn give_back_returned(
+    ledger: &Ledger,
+    key: &Key,
+    recorded: &[Recorded],
+    skip: &[String],
+) -> Vec<Repaired> {
+    let class_net = Path::new("/sys/class/net");
+    let Ok(links) = select::scan(class_net) else {
+        return Vec::new();
+    };
+    let up = |n: &str| is_up(class_net, n);
+    apply(
+        &plan_returned(&links, recorded, skip, &up),
+        &load(ledger, key),
+    )
+}
+
 /// gc's part when the namespace of a record made in this boot is gone and no DEL
 /// returned its devices: the kernel returned each NIC down under its pod name. Finds
 /// them on the host by the bus address the tail recorded and gives them back their
@@ -208,10 +272,15 @@ pub fn repair(ledger: &Ledger, key: &Key, recorded: &[Recorded]) -> Vec<Repaired
     let Ok(links) = select::scan(class_net) else {
         return Vec::new();
     };
-    let up = |n: &str| read_num(&class_net.join(n).join("flags")).is_none_or(|f| f & IFF_UP != 0);
-    let states = load(ledger, key);
+    let up = |n: &str| is_up(class_net, n);
+    apply(&plan(&links, recorded, &up), &load(ledger, key))
+}
+
+/// Renames each planned link and puts back its state from `states` (by bus address).
+fn apply(planned: &[(&select::PodLink, String)], states: &[HostLink]) -> Vec<Repaired> {
     let mut out = Vec::new();
-    for (l, name) in plan(&links, recorded, &up) {
+    for (l, name) in planned {
+        let name = name.clone();
         let bus = l.bus_address.clone().unwrap_or_default();
         let was = states.iter().find(|s| s.bus_address == bus);
         let rename = (l.name != name).then_some(l.name.as_str());
@@ -406,6 +475,78 @@ mod tests {
         assert_ne!(p[0].1, "enp0s5");
         assert_ne!(p[0].1, "cni0");
         assert_eq!(p[0].1, "enx525400123456");
+    }
+
+    /// The host's `/sys/class/net` after host-device's DEL: the NIC it returned as
+    /// `cni0` (the alias the pod wrote), down; the primary NIC, up; another pod's NIC
+    /// returned by the kernel, down; a recorded NIC still in some pod (absent here).
+    #[test]
+    fn the_head_del_takes_only_a_recorded_device_returned_down_under_another_name() {
+        let t = super::select::fake::Tree::new("returned");
+        t.link("lo", 1, 772, "", None);
+        t.link("ens8", 2, 1, "", Some("pci0000:00/0000:00:08.0/virtio1"));
+        t.link(
+            "cni0",
+            3,
+            1,
+            "cni0",
+            Some("pci0000:00/0000:00:09.0/virtio2"),
+        );
+        t.link("net1", 4, 1, "", Some("pci0000:00/0000:00:0a.0/virtio3"));
+        t.link("ens11", 5, 1, "", Some("pci0000:00/0000:00:0b.0/virtio4"));
+        t.link("veth0", 6, 1, "", None);
+        let down = |n: &str| {
+            std::fs::write(t.class_net().join(n).join("flags"), "0x1002\n").unwrap();
+        };
+        down("cni0");
+        down("net1");
+        down("ens11");
+        down("veth0");
+        let links = select::scan(&t.class_net()).unwrap();
+        let up = |n: &str| is_up(&t.class_net(), n);
+        let names = |p: &[(&select::PodLink, String)]| -> Vec<(String, String)> {
+            p.iter().map(|(l, n)| (l.name.clone(), n.clone())).collect()
+        };
+        let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
+        // Recorded in this pod: the NIC host-device moved (virtio2) and one that never
+        // came back (virtio9). net1 (virtio3) is another pod's, returned by the kernel.
+        let recorded = vec![
+            rec("net1", "virtio2", "ens9"),
+            rec("net2", "virtio9", "ens12"),
+        ];
+        assert_eq!(
+            names(&plan_returned(&links, &recorded, &[], &up)),
+            [pair("cni0", "ens9")]
+        );
+        // Never a device the record does not name, whatever its state or name; never
+        // the primary NIC (up), even were it recorded.
+        let primary = vec![rec("net1", "virtio1", "ens9")];
+        assert!(plan_returned(&links, &primary, &[], &up).is_empty());
+        // Up, or already under its recorded name: the host's own; left alone.
+        let at_home = vec![rec("net1", "virtio4", "ens11")];
+        assert!(plan_returned(&links, &at_home, &[], &up).is_empty());
+        std::fs::write(t.class_net().join("cni0/flags"), "0x1003\n").unwrap();
+        assert!(plan_returned(&links, &recorded, &[], &up).is_empty());
+        down("cni0");
+        // Moved back by this DEL itself: not taken twice.
+        assert!(plan_returned(&links, &recorded, &["virtio2".into()], &up).is_empty());
+        // The recorded name is taken: the neutral name (udev's, from the PCI parent),
+        // never the alias or the current name.
+        let taken = vec![rec("net1", "virtio2", "ens8")];
+        assert_eq!(
+            names(&plan_returned(&links, &taken, &[], &up)),
+            [pair("cni0", "enp0s9")]
+        );
+        // Any name other than the recorded one counts, not only the pod's or devN.
+        let recorded3 = vec![rec("net1", "virtio3", "ens10")];
+        assert_eq!(
+            names(&plan_returned(&links, &recorded3, &[], &up)),
+            [pair("net1", "ens10")]
+        );
+        // Without a recorded bus address nothing can be matched: never by name.
+        let mut no_bus = rec("cni0", "x", "ens9");
+        no_bus.bus_address = None;
+        assert!(plan_returned(&links, &[no_bus], &[], &up).is_empty());
     }
 
     #[test]

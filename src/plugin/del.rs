@@ -55,8 +55,25 @@ pub fn del(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
             if let Some(spec) = &conf.return_devices {
                 match devices_netns(&rec, &args.netns) {
                     Some(netns) => crate::devices::at_del(&ledger, &key, &netns, spec, "DEL"),
-                    // No namespace to take devices from: the host's state kept at ADD goes.
-                    None => crate::devices::state::forget(&ledger, &key),
+                    // No namespace to take devices from; a plugin of the chain may still
+                    // have returned one itself. Then the host's state kept at ADD goes.
+                    None => {
+                        let recorded = crate::devices::recorded_in(
+                            rec.chain.as_ref().and_then(|c| c.devices.as_ref()),
+                        );
+                        // Only in the record's boot: after a reboot the NIC booted on the
+                        // host, and nothing of the record is to be done to it.
+                        if crate::sandbox::boot_id().is_ok_and(|b| b == rec.boot_id) {
+                            crate::devices::give_back_returned(
+                                &ledger,
+                                &key,
+                                &recorded,
+                                &[],
+                                "DEL",
+                            );
+                        }
+                        crate::devices::state::forget(&ledger, &key)
+                    }
                 }
             }
             // An ADD still in the chain (the runtime gave up on a slow sandbox) may yet

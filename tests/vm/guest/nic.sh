@@ -123,6 +123,7 @@ conflist nic-chain-ctl false chain
 conflist nic-nri-ret true nri
 conflist nic-nri-ctl false nri
 conflist nic-hd-ret true hd
+conflist nic-hd-ctl false hd
 
 drive() { # add|del NET CID NETNS-NAME
 	"$D" "$1" --conf-dir "$CONF" --net "$2" --cid "$3" --ifname net1 \
@@ -207,11 +208,16 @@ for c in ret ctl; do
 done
 
 # --- Debian's host-device as the chained driver: at DEL its own DEL moves the NIC out
-# first (named after the alias, which the pod rewrote); with no DEL, gc gives it back.
-pod hd-del nic-hd-ret hd del
-wait_nic_back
-nic_state >"$out/nic-hd-del.txt"
-reset_nic
+# first (named after the alias, which the pod rewrote), then the ledger's head DEL gives
+# it back its host name and state; the control shows host-device's own return. With no
+# DEL, gc gives it back.
+for c in hd-del:nic-hd-ret hd-ctl:nic-hd-ctl; do
+	pod "${c%%:*}" "${c#*:}" hd del
+	wait_nic_back
+	nic_state >"$out/nic-${c%%:*}.txt"
+	cat "$out/nic-${c%%:*}.txt" >/dev/console
+	reset_nic
+done
 pod hd-fact nic-hd-ret hd nodel
 wait_nic_back
 nic_state >"$out/nic-hd-fact-before-gc.txt"
