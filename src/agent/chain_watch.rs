@@ -11,7 +11,7 @@
 //! are counted without a DEL duration.
 
 pub use super::chain_tracker::Tracker;
-use super::{Liveness, Stop};
+use super::{Stop, ThreadHealth};
 use crate::ledger::Ledger;
 use crate::metrics::chain::{boot_ns, Now};
 use crate::metrics::Metrics;
@@ -134,7 +134,7 @@ pub fn run(
     metrics: &Metrics,
     left_after_secs: u64,
     stop: &Stop,
-    liveness: &Liveness,
+    health: &ThreadHealth,
 ) {
     let ledger = Ledger::at(ledger_dir);
     let records = ledger.records_dir();
@@ -147,7 +147,7 @@ pub fn run(
     let mut observe = false;
     let mut next_sweep = Instant::now();
     loop {
-        liveness.beat(&liveness.chain);
+        health.beat(&health.chain);
         if watch.is_none() {
             match Watch::arm(&ledger) {
                 Ok(w) => {

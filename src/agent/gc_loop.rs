@@ -11,7 +11,7 @@ use std::time::Instant;
 pub fn run(shared: &Shared, opts: &Options, stop: &Stop) {
     let mut seen = Seen::default();
     loop {
-        shared.liveness.beat(&shared.liveness.gc);
+        shared.health.beat(&shared.health.gc);
         let t0 = Instant::now();
         let mut gc = opts.gc.clone();
         gc.cri = ask_runtimes(opts, shared, &mut seen);

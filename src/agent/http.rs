@@ -120,7 +120,7 @@ fn respond<B>(shared: &Shared, face: Face, req: &Request<B>) -> Response<Full<By
             shared.metrics.encode(),
         ),
         ("/healthz", _) => {
-            let (alive, body) = shared.liveness.report();
+            let (alive, body) = shared.health.report();
             text(code(alive), PLAIN, body)
         }
         ("/readyz", _) => {

@@ -79,7 +79,7 @@ pub struct Shared {
     pub status: Mutex<Status>,
     /// Written by the gc loop after each run.
     pub cri_refused: Mutex<Option<String>>,
-    pub liveness: Liveness,
+    pub health: ThreadHealth,
 }
 
 impl Shared {
@@ -94,7 +94,7 @@ impl Shared {
 /// fails it: a gc run blocked in replays (each bounded by `--timeout`) or a watcher in
 /// a long backoff is alive, and restarting the agent for being slow would only cut
 /// replays short. The last progress is shown to the reader, not judged.
-pub struct Liveness {
+pub struct ThreadHealth {
     start: Instant,
     pub watch: Heartbeat,
     pub gc: Heartbeat,
@@ -102,9 +102,9 @@ pub struct Liveness {
     pub chain: Heartbeat,
 }
 
-impl Default for Liveness {
+impl Default for ThreadHealth {
     fn default() -> Self {
-        Liveness {
+        ThreadHealth {
             start: Instant::now(),
             watch: Heartbeat::new("watch"),
             gc: Heartbeat::new("gc"),
@@ -113,7 +113,7 @@ impl Default for Liveness {
     }
 }
 
-impl Liveness {
+impl ThreadHealth {
     /// Alive, and one line per thread for the response body.
     pub fn report(&self) -> (bool, String) {
         let now = self.start.elapsed();
@@ -359,7 +359,7 @@ pub fn run(mut opts: Options) -> Result<i32> {
         metrics: crate::metrics::Metrics::new(),
         status: Mutex::new(Status::default()),
         cri_refused: Mutex::new(None),
-        liveness: Liveness::default(),
+        health: ThreadHealth::default(),
     });
     let stop = Arc::new(Stop::new()?);
     opts.gc.stop = Some(stop.flag());
@@ -385,7 +385,7 @@ pub fn run(mut opts: Options) -> Result<i32> {
         std::thread::Builder::new()
             .name("watch".into())
             .spawn(move || {
-                let _running = shared.liveness.watch.running();
+                let _running = shared.health.watch.running();
                 watch::Watcher::new(&opts, &shared).run(&stop)
             })
             .context("starting the watcher")?
@@ -395,7 +395,7 @@ pub fn run(mut opts: Options) -> Result<i32> {
         std::thread::Builder::new()
             .name("gc".into())
             .spawn(move || {
-                let _running = shared.liveness.gc.running();
+                let _running = shared.health.gc.running();
                 gc_loop::run(&shared, &opts, &stop)
             })
             .context("starting the gc loop")?
@@ -406,13 +406,13 @@ pub fn run(mut opts: Options) -> Result<i32> {
         std::thread::Builder::new()
             .name("chain-watch".into())
             .spawn(move || {
-                let _running = shared.liveness.chain.running();
+                let _running = shared.health.chain.running();
                 chain_watch::run(
                     &opts.gc.ledger_dir,
                     &shared.metrics,
                     opts.gc.chain_left_after_secs,
                     &stop,
-                    &shared.liveness,
+                    &shared.health,
                 )
             })
             .context("starting the chain watcher")?
@@ -434,7 +434,7 @@ mod tests {
 
     #[test]
     fn healthy_while_both_threads_run_and_the_body_names_an_ended_one() {
-        let l = Liveness::default();
+        let l = ThreadHealth::default();
         {
             let _watch = l.watch.running();
             let _chain = l.chain.running();
@@ -453,7 +453,7 @@ mod tests {
             assert!(body.contains("FAIL gc thread exited"), "{body}");
             assert!(body.contains("ok watch thread running"), "{body}");
         }
-        let l = Arc::new(Liveness::default());
+        let l = Arc::new(ThreadHealth::default());
         let l2 = l.clone();
         let r = std::thread::spawn(move || {
             let _running = l2.watch.running();

@@ -91,7 +91,7 @@ impl<'a> Watcher<'a> {
 
     pub fn run(mut self, stop: &Stop) {
         loop {
-            self.shared.liveness.beat(&self.shared.liveness.watch);
+            self.shared.health.beat(&self.shared.health.watch);
             self.arm();
             let wake = self.reconciler.pass();
             let now = Instant::now();
