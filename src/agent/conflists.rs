@@ -3,7 +3,7 @@
 //! plugin is converted to a `.conflist`; a symbolic link is read through, never written;
 //! a writer that keeps reverting the file is backed off from (`fight`).
 
-use super::fight::{Fight, Verdict};
+use super::fight::{Fight, Reinject};
 use super::{Options, Shared};
 use crate::injection::{self, EntryOptions};
 use anyhow::Context;
@@ -410,14 +410,14 @@ impl<'a> Conflists<'a> {
         let label = path.display().to_string();
         shared.metrics.reverts.with_label_values(&[&label]).inc();
         match st.fight.on_revert(now) {
-            Verdict::Now => {
+            Reinject::Now => {
                 crate::info!(
                     "agent: {}: another writer took the ledger out ({what}); injecting again",
                     path.display()
                 );
                 true
             }
-            Verdict::Backoff { wait, started } => {
+            Reinject::Backoff { wait, started } => {
                 // Not ours until re-injected: changes meanwhile are not further reverts.
                 st.ours = None;
                 if started {

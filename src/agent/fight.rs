@@ -25,7 +25,7 @@ pub struct Fight {
 
 /// What a revert means for the next re-injection.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub enum Reinject {
     /// Re-inject now.
     Now,
     /// Wait this long first; `started` is true for the revert that began the fight.
@@ -57,11 +57,11 @@ impl Fight {
         }
     }
 
-    pub fn on_revert(&mut self, now: Instant) -> Verdict {
+    pub fn on_revert(&mut self, now: Instant) -> Reinject {
         self.reverts.push_back(now);
         self.prune(now);
         if self.reverts.len() <= limit() {
-            return Verdict::Now;
+            return Reinject::Now;
         }
         let started = self.level == 0;
         self.level += 1;
@@ -70,7 +70,7 @@ impl Fight {
             .min(MAX_BACKOFF);
         self.last_backoff = wait;
         self.backoff_until = Some(now + wait);
-        Verdict::Backoff { wait, started }
+        Reinject::Backoff { wait, started }
     }
 
     /// Until when a re-injection must wait (None: it may happen now).
@@ -115,14 +115,14 @@ mod tests {
         for i in 0..LIMIT {
             assert_eq!(
                 f.on_revert(t0 + Duration::from_millis(i as u64 * 100)),
-                Verdict::Now
+                Reinject::Now
             );
         }
         assert!(!f.fighting());
         let t = t0 + Duration::from_secs(1);
         assert_eq!(
             f.on_revert(t),
-            Verdict::Backoff {
+            Reinject::Backoff {
                 wait: Duration::from_secs(1),
                 started: true
             }
@@ -131,7 +131,7 @@ mod tests {
         assert_eq!(f.waiting_until(t), Some(t + Duration::from_secs(1)));
         assert_eq!(
             f.on_revert(t + Duration::from_secs(2)),
-            Verdict::Backoff {
+            Reinject::Backoff {
                 wait: Duration::from_secs(2),
                 started: false
             }
@@ -147,7 +147,10 @@ mod tests {
         let t0 = Instant::now();
         let mut f = Fight::default();
         for i in 0..50u64 {
-            assert_eq!(f.on_revert(t0 + Duration::from_secs(i * 121)), Verdict::Now);
+            assert_eq!(
+                f.on_revert(t0 + Duration::from_secs(i * 121)),
+                Reinject::Now
+            );
         }
     }
 
@@ -166,6 +169,6 @@ mod tests {
         assert!(!f.settle(t0 + Duration::from_secs(5)));
         assert!(f.settle(t0 + SETTLE));
         assert!(!f.fighting());
-        assert_eq!(f.on_revert(t0 + SETTLE), Verdict::Now);
+        assert_eq!(f.on_revert(t0 + SETTLE), Reinject::Now);
     }
 }
