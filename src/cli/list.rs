@@ -346,8 +346,9 @@ fn row<'a>(
     }
 }
 
+/// What one list worker gathered: table rows, non-record files, damaged records.
 #[derive(Default)]
-struct Scan {
+struct ListRows {
     cells: Vec<Vec<String>>,
     others: Vec<OtherRow>,
     damaged: Vec<Damaged>,
@@ -378,7 +379,7 @@ pub fn run(args: Args) -> Result<i32> {
     let node = sandbox::holders::NodeIndex::new();
     let scans = ledger.scan(
         crate::ledger::scan_jobs(),
-        Scan::default,
+        ListRows::default,
         |acc, e| match e.decoded {
             Decoded::Ok(rec) => {
                 // Only the JSON shows the chain: the table needs no snapshot read.

@@ -209,7 +209,7 @@ pub fn run(opts: &Options) -> Result<Report> {
 
 /// What one scan worker found.
 #[derive(Default)]
-struct Scan {
+struct ScanFindings {
     live: usize,
     /// Live records whose namespace only a holder elsewhere on the node showed.
     held: Vec<HeldReport>,
@@ -220,7 +220,7 @@ struct Scan {
     unreadable: Vec<UnreadableReport>,
 }
 
-impl Scan {
+impl ScanFindings {
     fn visit(&mut self, entry: Entry, boot: &str, opts: &Options, node: &NodeIndex) {
         match entry.decoded {
             Decoded::Ok(rec) => {
@@ -272,9 +272,11 @@ fn scan(
     node: &NodeIndex,
     report: &mut Report,
 ) -> Result<(Vec<Candidate>, BTreeMap<String, RuntimeTally>)> {
-    let scans = ledger.scan(crate::ledger::scan_jobs(), Scan::default, |acc, entry| {
-        acc.visit(entry, boot, opts, node)
-    })?;
+    let scans = ledger.scan(
+        crate::ledger::scan_jobs(),
+        ScanFindings::default,
+        |acc, entry| acc.visit(entry, boot, opts, node),
+    )?;
     let mut candidates = Vec::new();
     let mut damaged = Vec::new();
     let mut tallies: BTreeMap<String, RuntimeTally> = BTreeMap::new();
