@@ -49,15 +49,15 @@ impl std::fmt::Display for ArmError {
 }
 
 /// An inotify watch of the ledger's `records/` and `notes/`.
-pub struct Watch {
+pub struct LedgerWatch {
     inotify: Inotify,
     notes: WatchDescriptor,
 }
 
-impl Watch {
+impl LedgerWatch {
     /// Watches `records/`, and `notes/` (made here if no tail has written yet: a watch
     /// needs the directory).
-    pub fn arm(ledger: &Ledger) -> Result<Watch, ArmError> {
+    pub fn arm(ledger: &Ledger) -> Result<LedgerWatch, ArmError> {
         let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
             .map_err(|e| ArmError(ledger.records_dir(), e.into()))?;
         let gone_self =
@@ -78,7 +78,7 @@ impl Watch {
         let notes = inotify
             .add_watch(&notes, written | gone_self)
             .map_err(|e| ArmError(notes, e.into()))?;
-        Ok(Watch { inotify, notes })
+        Ok(LedgerWatch { inotify, notes })
     }
 
     /// Hands pending events to `tracker`.
@@ -139,7 +139,7 @@ pub fn run(
     let ledger = Ledger::at(ledger_dir);
     let records = ledger.records_dir();
     let mut tracker = Tracker::new(ledger.clone(), metrics, left_after_secs);
-    let mut watch: Option<Watch> = None;
+    let mut watch: Option<LedgerWatch> = None;
     let mut warned = false;
     // A listing at start only learns: what completed before the agent watched is not
     // its to count. Any later one (records/ made after the start, a watch re-armed)
@@ -149,7 +149,7 @@ pub fn run(
     loop {
         health.beat(&health.chain);
         if watch.is_none() {
-            match Watch::arm(&ledger) {
+            match LedgerWatch::arm(&ledger) {
                 Ok(w) => {
                     // Armed before listing: nothing written in between is missed.
                     tracker.resync(observe);
@@ -254,7 +254,7 @@ mod tests {
     }
 
     /// Waits up to 1 s for events and hands them to `t`.
-    fn drain(w: &Watch, t: &mut Tracker) {
+    fn drain(w: &LedgerWatch, t: &mut Tracker) {
         let mut fds = [PollFd::new(w.as_fd(), PollFlags::POLLIN)];
         let _ = nix::poll::poll(&mut fds, PollTimeout::from(1000u16));
         assert_eq!(w.drain(t), Drained::Done);
@@ -389,7 +389,7 @@ mod tests {
         let l = tmp_ledger("inotify");
         let m = Metrics::new();
         let mut t = Tracker::new(l.clone(), &m, DEFAULT_LEFT_AFTER_SECS);
-        let w = Watch::arm(&l).unwrap();
+        let w = LedgerWatch::arm(&l).unwrap();
         t.resync(false);
         // Stamps in the past: a DEL's duration is measured up to its removal's event.
         let start = boot_ns().unwrap() - 30_000_000;
@@ -445,7 +445,7 @@ mod tests {
         let l = tmp_ledger("notes");
         let m = Metrics::new();
         let mut t = Tracker::new(l.clone(), &m, DEFAULT_LEFT_AFTER_SECS);
-        let w = Watch::arm(&l).unwrap();
+        let w = LedgerWatch::arm(&l).unwrap();
         t.resync(false);
         let start = boot_ns().unwrap() - 30_000_000;
         let stem = write(
@@ -491,7 +491,7 @@ mod tests {
         let l = tmp_ledger("retired");
         let m = Metrics::new();
         let mut t = Tracker::new(l.clone(), &m, DEFAULT_LEFT_AFTER_SECS);
-        let w = Watch::arm(&l).unwrap();
+        let w = LedgerWatch::arm(&l).unwrap();
         t.resync(false);
         let start = boot_ns().unwrap() - 30_000_000;
         let pending = json!({"tail": true, "createdBootNs": start});
@@ -560,7 +560,7 @@ mod tests {
         let l = tmp_ledger("retired-old");
         let m = Metrics::new();
         let mut t = Tracker::new(l.clone(), &m, 1);
-        let w = Watch::arm(&l).unwrap();
+        let w = LedgerWatch::arm(&l).unwrap();
         t.resync(false);
         let now = boot_ns().unwrap();
         let stem = write(

@@ -386,7 +386,7 @@ pub fn run(mut opts: Options) -> Result<i32> {
             .name("watch".into())
             .spawn(move || {
                 let _running = shared.health.watch.running();
-                watch::Watcher::new(&opts, &shared).run(&stop)
+                watch::ConfWatcher::new(&opts, &shared).run(&stop)
             })
             .context("starting the watcher")?
     };

@@ -17,16 +17,17 @@ const DEBOUNCE: Duration = Duration::from_millis(20);
 /// How often to retry arming the watch while the conf dir is missing.
 const REARM: Duration = Duration::from_secs(1);
 
-pub struct Watcher<'a> {
+/// The conf dir's watcher: reconciles, then waits on inotify, the resync or a stop.
+pub struct ConfWatcher<'a> {
     opts: &'a Options,
     shared: &'a Shared,
     inotify: Option<Inotify>,
     reconciler: Reconciler<'a>,
 }
 
-impl<'a> Watcher<'a> {
-    pub fn new(opts: &'a Options, shared: &'a Shared) -> Watcher<'a> {
-        Watcher {
+impl<'a> ConfWatcher<'a> {
+    pub fn new(opts: &'a Options, shared: &'a Shared) -> ConfWatcher<'a> {
+        ConfWatcher {
             opts,
             shared,
             inotify: None,
