@@ -606,7 +606,7 @@ fn the_reader_sees_groups_super_and_macros_and_not_comments() {
     )
     .unwrap();
     let macros = BTreeMap::from([("info".to_string(), "logging".to_string())]);
-    let found = uses_of(&file, &["devices".into(), "note".into()], &macros);
+    let found = uses_of(&file, &["devices".into(), "failure_note".into()], &macros);
     std::fs::remove_dir_all(&dir).unwrap();
     let want: BTreeSet<String> = ["ledger", "time", "gc", "logging", "cri"]
         .iter()

@@ -483,7 +483,7 @@ pub fn run(args: Args) -> Result<i32> {
     if let Some(e) = retired_error {
         return Err(e.into());
     }
-    let device_notes = crate::devices::note::read_all(&ledger);
+    let device_notes = crate::devices::failure_note::read_all(&ledger);
     // Devices gc gave back after their namespace died with no DEL, until an operator
     // removes the note.
     let repaired = crate::devices::state::read_repaired(&ledger);
@@ -495,7 +495,7 @@ pub fn run(args: Args) -> Result<i32> {
             json.push(o)?;
         }
         for (path, note) in &device_notes {
-            json.push(&crate::devices::note::json_row(path, note))?;
+            json.push(&crate::devices::failure_note::json_row(path, note))?;
         }
         for (path, n) in &repaired {
             json.push(&serde_json::json!({
@@ -510,7 +510,7 @@ pub fn run(args: Args) -> Result<i32> {
     cells.sort_unstable();
     cells.extend(others.iter().map(other_cells));
     cells.extend(device_notes.iter().map(|(path, note)| {
-        let mut cells = crate::devices::note::table_row(path, note, now);
+        let mut cells = crate::devices::failure_note::table_row(path, note, now);
         // No chain to speak of: the CHAIN column, before NETNS.
         cells.insert(cells.len().saturating_sub(1), "-".into());
         cells

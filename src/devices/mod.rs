@@ -7,12 +7,12 @@
 //! runs last in the chain while the namespace still exists, so it moves them back here.
 //!
 //! `select` and `naming` are pure; `link` and `rdma` speak netlink; this module enters
-//! the namespace on a thread of its own and keeps what could not be moved (`note`).
+//! the namespace on a thread of its own and keeps what could not be moved (`failure_note`).
 
+pub mod failure_note;
 pub mod link;
 pub mod naming;
 pub mod nl;
-pub mod note;
 pub mod rdma;
 pub mod select;
 pub mod state;
@@ -526,7 +526,7 @@ pub fn at_del(ledger: &Ledger, key: &Key, netns: &str, spec: &Spec, who: &str) {
         );
     }
     if !out.mismatches.is_empty() {
-        if let Err(e) = note::write_mismatches(ledger, key, &out.mismatches) {
+        if let Err(e) = failure_note::write_mismatches(ledger, key, &out.mismatches) {
             crate::error!("{who} {key}: cannot keep the alias mismatches: {e:#}");
         }
     }
@@ -545,7 +545,7 @@ pub fn at_del(ledger: &Ledger, key: &Key, netns: &str, spec: &Spec, who: &str) {
         crate::info!("{who} {key}: no devices to return from {netns}");
     }
     if !out.failures.is_empty() {
-        if let Err(e) = note::write(ledger, key, netns, &out.failures) {
+        if let Err(e) = failure_note::write(ledger, key, netns, &out.failures) {
             crate::error!("{who} {key}: cannot keep the device failures: {e:#}");
         }
     }

@@ -65,16 +65,16 @@ pub fn snapshot(class_net: &Path) -> Vec<HostLink> {
 }
 
 pub fn host_dir(ledger: &Ledger) -> PathBuf {
-    super::note::dir(ledger).join("host")
+    super::failure_note::dir(ledger).join("host")
 }
 
 /// The head's part at ADD: keep the host's hardware links as they are now. A failure
 /// costs only the state's return later, never the ADD.
 pub fn remember(ledger: &Ledger, key: &Key) -> Result<()> {
     let links = snapshot(Path::new("/sys/class/net"));
-    super::note::mkdir_checked(&super::note::dir(ledger), ledger.root())?;
+    super::failure_note::mkdir_checked(&super::failure_note::dir(ledger), ledger.root())?;
     let dir = host_dir(ledger);
-    super::note::mkdir_checked(&dir, &super::note::dir(ledger))?;
+    super::failure_note::mkdir_checked(&dir, &super::failure_note::dir(ledger))?;
     let name = format!("{}.json", key.stem());
     let mut bytes = serde_json::to_vec(&links)?;
     bytes.push(b'\n');
@@ -326,13 +326,13 @@ fn restore_name_only(name: &str, rename_from: Option<&str>) -> Result<(), String
 /// Where gc keeps what it repaired, one file per attachment, until an operator removes
 /// it: `list` shows them, the metric `cni_ledger_devices_repaired` counts them.
 pub fn repaired_dir(ledger: &Ledger) -> PathBuf {
-    super::note::dir(ledger).join("repaired")
+    super::failure_note::dir(ledger).join("repaired")
 }
 
 pub fn write_repaired(ledger: &Ledger, key: &Key, repaired: &[Repaired]) -> Result<PathBuf> {
-    super::note::mkdir_checked(&super::note::dir(ledger), ledger.root())?;
+    super::failure_note::mkdir_checked(&super::failure_note::dir(ledger), ledger.root())?;
     let dir = repaired_dir(ledger);
-    super::note::mkdir_checked(&dir, &super::note::dir(ledger))?;
+    super::failure_note::mkdir_checked(&dir, &super::failure_note::dir(ledger))?;
     let body = RepairNote {
         network: key.network.clone(),
         container_id: key.container_id.clone(),

@@ -6,7 +6,7 @@
 //!   snapshots/<sha256>.json      exact conflist bytes, named by their sha256, shared
 //!   locks/keys                   a byte-range lock per attachment; locks/.snapshots for sweeps
 //!   quarantine/<name>.<secs>     damaged files moved aside, never acted on
-//!   notes/<net>:<cid>:<if>.json    the tail entry's notes on the chain (note.rs), made on first use
+//!   notes/<net>:<cid>:<if>.json    the tail entry's notes on the chain (chain_note.rs), made on first use
 //!   retired/<net>:<cid>:<if>.json  records set aside while their ADD may still complete
 //!                                (retired.rs), made on first use
 //! ```
@@ -16,9 +16,9 @@
 //! it costs no replay. ADD and DEL touch one record and one lock file: O(1) in the
 //! ledger's size.
 
+mod chain_note;
 pub mod fsio;
 pub mod lock;
-mod note;
 mod quarantine;
 pub mod record;
 mod retired;

@@ -482,7 +482,7 @@ impl Metrics {
             .unwrap_or(0);
         self.quarantined.set(q as i64);
         self.alias_mismatches
-            .set(crate::devices::note::mismatch_count(ledger) as i64);
+            .set(crate::devices::failure_note::mismatch_count(ledger) as i64);
         self.devices_repaired
             .set(crate::devices::state::repaired_count(ledger) as i64);
         ranges
