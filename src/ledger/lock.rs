@@ -18,11 +18,12 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+/// How long `KeyLock::acquire` may wait for a held key.
 pub enum Wait {
     /// Return None at once when the key is held.
     No,
     /// Poll up to this long, then return None.
-    Upto(Duration),
+    AtMost(Duration),
 }
 
 /// Holds one key's byte until dropped.
@@ -72,7 +73,7 @@ impl KeyLock {
     pub fn acquire(path: &Path, key: &str, wait: Wait) -> io::Result<Option<KeyLock>> {
         let deadline = match wait {
             Wait::No => None,
-            Wait::Upto(d) => Some(Instant::now() + d),
+            Wait::AtMost(d) => Some(Instant::now() + d),
         };
         let file = open_lock_file(path)?;
         let at_byte = offset(key);
@@ -136,7 +137,7 @@ mod tests {
             .unwrap()
             .is_none());
         assert!(
-            KeyLock::acquire(&p, "n:c1:eth0", Wait::Upto(Duration::from_millis(30)))
+            KeyLock::acquire(&p, "n:c1:eth0", Wait::AtMost(Duration::from_millis(30)))
                 .unwrap()
                 .is_none()
         );

@@ -529,7 +529,7 @@ fn added_through_the_ledger(entry: &CacheEntry) -> bool {
 /// cache entry before letting go of the key).
 fn create(ledger: &Ledger, key: &Key, rec: &Record, entry: &CacheEntry) -> Result<AdoptAction> {
     let stem = key.stem();
-    let Some(_lock) = ledger.lock(&stem, Wait::Upto(Duration::from_secs(5)))? else {
+    let Some(_lock) = ledger.lock(&stem, Wait::AtMost(Duration::from_secs(5)))? else {
         crate::warn!("adopt: {key}: busy; try again later");
         return Ok(AdoptAction::Busy);
     };

@@ -48,7 +48,7 @@ fn record(conf: &NetConf, args: &CmdArgs, started_boot_ns: Option<u64>) -> Resul
     ledger.check_trusted().map_err(ledger_error)?;
     let key = Key::new(&conf.name, &args.container_id, &args.ifname);
     let stem = key.stem();
-    let wait = Wait::Upto(Duration::from_millis(conf.lock_timeout_ms));
+    let wait = Wait::AtMost(Duration::from_millis(conf.lock_timeout_ms));
     let _lock = ledger
         .lock(&stem, wait)
         .map_err(ledger_error)?

@@ -31,7 +31,7 @@ pub fn del(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
         }
     }
     let stem = key.stem();
-    let wait = Wait::Upto(Duration::from_millis(conf.lock_timeout_ms));
+    let wait = Wait::AtMost(Duration::from_millis(conf.lock_timeout_ms));
     let lock = match ledger.lock(&stem, wait) {
         Ok(Some(lock)) => lock,
         Ok(None) => return Err(busy(&key)),

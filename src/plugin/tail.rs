@@ -131,7 +131,7 @@ fn add(conf: &NetConf, args: &CmdArgs) -> Value {
         .unwrap_or_else(|| empty_result(&conf.cni_version));
     let key = key(conf, args);
     let this_boot = crate::sandbox::boot_id().ok();
-    let wait = Wait::Upto(Duration::from_millis(conf.lock_timeout_ms));
+    let wait = Wait::AtMost(Duration::from_millis(conf.lock_timeout_ms));
     let completed = rewrite(conf, &key, wait, true, |chain, rec| {
         chain.completed_at = Some(crate::time::rfc3339(crate::time::now()));
         chain.completed_boot_ns = completed_boot_ns;
