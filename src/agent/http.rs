@@ -43,25 +43,25 @@ pub const MAX_REQUEST_BYTES: usize = 8192;
 
 /// What one listener serves and how it bounds its clients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Face {
+pub enum ListenerRole {
     /// `--listen`: metrics and both probes; refuses connections beyond its budget.
     Main,
     /// `--probe-listen`: the probes only; evicts its oldest connection when full.
     Probes,
 }
 
-impl Face {
+impl ListenerRole {
     fn max_connections(self) -> usize {
         match self {
-            Face::Main => MAX_CONNECTIONS,
-            Face::Probes => PROBE_MAX_CONNECTIONS,
+            ListenerRole::Main => MAX_CONNECTIONS,
+            ListenerRole::Probes => PROBE_MAX_CONNECTIONS,
         }
     }
 
     fn timeouts(self) -> (Duration, Duration) {
         match self {
-            Face::Main => (HEADER_TIMEOUT, CONNECTION_TIMEOUT),
-            Face::Probes => (PROBE_HEADER_TIMEOUT, PROBE_CONNECTION_TIMEOUT),
+            ListenerRole::Main => (HEADER_TIMEOUT, CONNECTION_TIMEOUT),
+            ListenerRole::Probes => (PROBE_HEADER_TIMEOUT, PROBE_CONNECTION_TIMEOUT),
         }
     }
 }
@@ -99,7 +99,7 @@ fn code(ok: bool) -> StatusCode {
     }
 }
 
-fn respond<B>(shared: &Shared, face: Face, req: &Request<B>) -> Response<Full<Bytes>> {
+fn respond<B>(shared: &Shared, role: ListenerRole, req: &Request<B>) -> Response<Full<Bytes>> {
     const PLAIN: &str = "text/plain; charset=utf-8";
     if req.method() != Method::GET && req.method() != Method::HEAD {
         let mut r = text(
@@ -113,8 +113,8 @@ fn respond<B>(shared: &Shared, face: Face, req: &Request<B>) -> Response<Full<By
         );
         return r;
     }
-    match (req.uri().path(), face) {
-        ("/metrics", Face::Main) => text(
+    match (req.uri().path(), role) {
+        ("/metrics", ListenerRole::Main) => text(
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
             shared.metrics.encode(),
@@ -127,12 +127,12 @@ fn respond<B>(shared: &Shared, face: Face, req: &Request<B>) -> Response<Full<By
             let (ready, body) = shared.status().readiness();
             text(code(ready), PLAIN, body)
         }
-        (_, Face::Main) => text(
+        (_, ListenerRole::Main) => text(
             StatusCode::NOT_FOUND,
             PLAIN,
             "not found: /metrics, /healthz, /readyz\n".into(),
         ),
-        (_, Face::Probes) => text(
+        (_, ListenerRole::Probes) => text(
             StatusCode::NOT_FOUND,
             PLAIN,
             "not found: /healthz, /readyz (metrics are on --listen)\n".into(),
@@ -143,8 +143,12 @@ fn respond<B>(shared: &Shared, face: Face, req: &Request<B>) -> Response<Full<By
 /// The connections a listener holds, oldest first (ids only grow).
 type Open = Arc<Mutex<BTreeMap<u64, tokio::task::AbortHandle>>>;
 
-/// Serves `face` on `listener` until the process exits; runs on the calling thread.
-pub fn serve(listener: std::net::TcpListener, shared: Arc<Shared>, face: Face) -> Result<()> {
+/// Serves `role` on `listener` until the process exits; runs on the calling thread.
+pub fn serve(
+    listener: std::net::TcpListener,
+    shared: Arc<Shared>,
+    role: ListenerRole,
+) -> Result<()> {
     use hyper_util::rt::{TokioIo, TokioTimer};
     listener.set_nonblocking(true)?;
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -152,7 +156,7 @@ pub fn serve(listener: std::net::TcpListener, shared: Arc<Shared>, face: Face) -
         .enable_time()
         .build()
         .context("starting the HTTP runtime")?;
-    let (header_timeout, connection_timeout) = face.timeouts();
+    let (header_timeout, connection_timeout) = role.timeouts();
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
         let open: Open = Arc::default();
@@ -170,13 +174,13 @@ pub fn serve(listener: std::net::TcpListener, shared: Arc<Shared>, face: Face) -
             let Ok(mut held) = open.lock() else {
                 continue;
             };
-            if held.len() >= face.max_connections() {
-                match face {
-                    Face::Main => {
+            if held.len() >= role.max_connections() {
+                match role {
+                    ListenerRole::Main => {
                         drop(stream);
                         continue;
                     }
-                    Face::Probes => {
+                    ListenerRole::Probes => {
                         if let Some((_, oldest)) = held.pop_first() {
                             oldest.abort();
                         }
@@ -190,7 +194,7 @@ pub fn serve(listener: std::net::TcpListener, shared: Arc<Shared>, face: Face) -
             // connection that ends at once never leaves a stale entry behind.
             let task = tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req| {
-                    let r = respond(&shared, face, &req);
+                    let r = respond(&shared, role, &req);
                     async move { Ok::<_, Infallible>(r) }
                 });
                 let conn = hyper::server::conn::http1::Builder::new()

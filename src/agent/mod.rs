@@ -365,17 +365,17 @@ pub fn run(mut opts: Options) -> Result<i32> {
     opts.gc.stop = Some(stop.flag());
     let opts = Arc::new(opts);
 
-    let servers = [(Some(listener), http::Face::Main, "http")]
+    let servers = [(Some(listener), http::ListenerRole::Main, "http")]
         .into_iter()
-        .chain([(probe_listener, http::Face::Probes, "http-probes")]);
-    for (listener, face, name) in servers {
+        .chain([(probe_listener, http::ListenerRole::Probes, "http-probes")]);
+    for (listener, role, name) in servers {
         let Some(listener) = listener else { continue };
         let shared = shared.clone();
         std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
-                if let Err(e) = http::serve(listener, shared, face) {
-                    crate::error!("agent: HTTP server ({face:?}) stopped: {e:#}");
+                if let Err(e) = http::serve(listener, shared, role) {
+                    crate::error!("agent: HTTP server ({role:?}) stopped: {e:#}");
                 }
             })
             .with_context(|| format!("starting the {name} thread"))?;
