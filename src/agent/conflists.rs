@@ -126,7 +126,7 @@ impl<'a> Conflists<'a> {
     }
 
     /// Brings one chosen file into shape.
-    pub fn one(&mut self, path: &Path, now: Instant) -> FileOutcome {
+    pub fn reconcile_file(&mut self, path: &Path, now: Instant) -> FileOutcome {
         for _ in 0..RESTARTS {
             if let Some(done) = self.attempt(path, now) {
                 return done;
@@ -145,7 +145,7 @@ impl<'a> Conflists<'a> {
     /// the read and the write (nothing of theirs was replaced): start over.
     fn attempt(&mut self, path: &Path, now: Instant) -> Option<FileOutcome> {
         if let Some(target) = crate::replace::symlink_target(path) {
-            return Some(self.linked(path, &target));
+            return Some(self.check_symlinked(path, &target));
         }
         // Set again below while the version stays unserved; any other finding replaces it.
         self.files
@@ -345,7 +345,7 @@ impl<'a> Conflists<'a> {
     /// A chosen file that is a symbolic link: read through it, never written (see
     /// `replace::symlink_target`). Verified injected when the target already has the
     /// ledger first, else shown in `/readyz` with what to do.
-    fn linked(&mut self, path: &Path, target: &Path) -> FileOutcome {
+    fn check_symlinked(&mut self, path: &Path, target: &Path) -> FileOutcome {
         let entry = EntryOptions {
             ledger_dir: self.entry_ledger.as_deref(),
             conf_dir: self.entry_conf.as_deref(),
@@ -548,7 +548,7 @@ impl<'a> Conflists<'a> {
                     .with_label_values(&[&label])
                     .inc();
                 // Verify and adopt the new file as ours.
-                let done = self.one(&target, now);
+                let done = self.reconcile_file(&target, now);
                 Some(FileOutcome {
                     wrote: true,
                     network: net,

@@ -140,7 +140,7 @@ impl<'a> Reconciler<'a> {
         for (i, path) in chosen.iter().enumerate() {
             // The file the runtime uses: the one asked for, or of all, the first.
             let runtimes = i == 0 || self.opts.choice != conf::Choice::All;
-            let done = self.conflists.one(path, now);
+            let done = self.conflists.reconcile_file(path, now);
             pass.wrote |= done.wrote;
             if done.injected {
                 // With a tail, the chain's series exist from here on (a rate must see
