@@ -4,8 +4,8 @@
 
 use super::replay::{self, DelResult, Invocation, PluginOutcome, ReplayError};
 use super::{
-    backoff_secs, decide, failure_text, judge, Action, ConfigSource, Decision, Judged, Options,
-    RecordReport,
+    backoff_secs, decide, failure_text, judge, Action, ConfigSource, Decision, Options,
+    RecordReport, Staleness,
 };
 use crate::conflist;
 use crate::ledger::{Decoded, Key, KeyLock, Ledger, Record, Snapshot, Wait};
@@ -49,7 +49,7 @@ impl At<'_> {
 pub(super) fn attempt(
     at: At<'_>,
     seen: &Record,
-    judged: Judged,
+    judged: Staleness,
     boot: &str,
     now: i64,
     opts: &Options,
@@ -63,7 +63,7 @@ pub(super) fn attempt(
 fn attempt_at(
     at: At<'_>,
     seen: &Record,
-    judged: Judged,
+    judged: Staleness,
     boot: &str,
     now: i64,
     opts: &Options,
@@ -115,7 +115,7 @@ enum Recheck {
     Stale {
         rec: Box<Record>,
         /// Why, and which identity decided.
-        judged: Judged,
+        judged: Staleness,
         /// The recorded namespace was proved the recorded one just now (its cookie).
         verified: bool,
     },
@@ -157,7 +157,7 @@ fn replay(
     at: At<'_>,
     lock: KeyLock,
     rec: &Record,
-    judged: Judged,
+    judged: Staleness,
     netns: Option<String>,
     boot: &str,
     now: i64,
@@ -230,7 +230,7 @@ fn replay(
     r
 }
 
-fn log_replaying(key: &Key, (reason, evidence): Judged, netns: Option<&str>) {
+fn log_replaying(key: &Key, (reason, evidence): Staleness, netns: Option<&str>) {
     crate::info!(
         "gc: {key}: stale ({}, by {}), replaying DEL {}",
         reason.as_str(),
@@ -319,7 +319,7 @@ fn capability_args(rec: &Record, cached: Option<&CachedAttachment>) -> Map<Strin
 fn record_failure(
     at: At<'_>,
     rec: &Record,
-    judged: Judged,
+    judged: Staleness,
     source: Option<ConfigSource>,
     outcomes: Vec<PluginOutcome>,
     now: i64,

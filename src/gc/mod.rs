@@ -141,12 +141,12 @@ pub fn capped_timeout(
 }
 
 /// A stale record's reason and the identity that decided it.
-type Judged = (Reason, Evidence);
+type Staleness = (Reason, Evidence);
 
 /// A record the scan found stale.
 struct Candidate {
     rec: Box<Record>,
-    judged: Judged,
+    judged: Staleness,
     /// In `retired/`, not `records/`.
     retired: bool,
 }

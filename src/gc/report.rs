@@ -2,7 +2,7 @@
 //! and the exit status that follows from them.
 
 use super::replay::PluginOutcome;
-use super::Judged;
+use super::Staleness;
 use crate::ledger::Record;
 use crate::sandbox::{Evidence, Reason};
 use serde::Serialize;
@@ -153,7 +153,7 @@ pub struct RecordReport {
 
 impl RecordReport {
     /// The entry of a record as it stands (its gc state included), before any replay.
-    pub(super) fn of(rec: &Record, (reason, evidence): Judged, action: Action) -> Self {
+    pub(super) fn of(rec: &Record, (reason, evidence): Staleness, action: Action) -> Self {
         let gc = rec.gc.clone().unwrap_or_default();
         RecordReport {
             network: rec.network.clone(),
