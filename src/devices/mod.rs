@@ -216,7 +216,9 @@ pub fn return_devices(netns: &str, cookie: u64, spec: &Spec, recorded: &[Recorde
     // spawns later inherits it: so it happens only on this thread, which then ends.
     let worker = std::thread::Builder::new()
         .name("return-devices".into())
-        .spawn(move || inside(&pod_ns, &host_ns, host_names, &patterns, &recorded));
+        .spawn(move || {
+            move_to_host_from_pod_ns(&pod_ns, &host_ns, host_names, &patterns, &recorded)
+        });
     match worker {
         Ok(handle) => handle
             .join()
@@ -264,7 +266,7 @@ fn enter(pod_ns: &File) -> Result<(), String> {
 
 /// Runs on the dedicated thread: enter the pod's namespace, get a sysfs that shows it,
 /// move RDMA devices and then netdevs to `host_ns`.
-fn inside(
+fn move_to_host_from_pod_ns(
     pod_ns: &File,
     host_ns: &File,
     mut taken: HashSet<String>,
