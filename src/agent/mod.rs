@@ -18,12 +18,12 @@ pub mod chain_watch;
 pub mod conf;
 mod conflists;
 pub mod fight;
-pub mod gap;
 mod gc_loop;
 mod http;
 pub mod install;
 mod readiness;
 mod reconcile;
+pub mod unrecorded;
 mod watch;
 
 use anyhow::{Context, Result};

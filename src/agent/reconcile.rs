@@ -5,7 +5,7 @@
 
 use super::conflists::Conflists;
 use super::install::Installer;
-use super::{conf, gap, readiness, ConfStatus, Options, Shared, Status};
+use super::{conf, readiness, unrecorded, ConfStatus, Options, Shared, Status};
 use crate::ledger::Ledger;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -18,7 +18,7 @@ pub struct Reconciler<'a> {
     installer: Installer,
     /// The files the last pass showed in the metrics.
     shown: Vec<PathBuf>,
-    /// The gap count has run once (at start it runs even when nothing was written).
+    /// The unrecorded count has run once (at start it runs even when nothing was written).
     gap_counted: bool,
 }
 
@@ -196,7 +196,7 @@ impl<'a> Reconciler<'a> {
             return;
         }
         self.gap_counted = true;
-        let counts = gap::after_injection(
+        let counts = unrecorded::after_injection(
             &self.opts.gc.cache_dir,
             &Ledger::at(&self.opts.gc.ledger_dir),
             &pass.networks,

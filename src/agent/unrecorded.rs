@@ -9,7 +9,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Per network among `networks`, the libcni cache entries that have no record.
-pub fn unrecorded(cache_dir: &Path, ledger: &Ledger, networks: &[String]) -> BTreeMap<String, u64> {
+pub fn count_by_network(
+    cache_dir: &Path,
+    ledger: &Ledger,
+    networks: &[String],
+) -> BTreeMap<String, u64> {
     let mut out: BTreeMap<String, u64> = networks.iter().map(|n| (n.clone(), 0)).collect();
     let Ok(rd) = std::fs::read_dir(cache_dir.join("results")) else {
         return out;
@@ -59,7 +63,7 @@ pub fn after_injection(
         }
         Err(e) => crate::error!("agent: adopting from libcni's cache: {e:#}"),
     }
-    let counts = unrecorded(cache_dir, ledger, networks);
+    let counts = count_by_network(cache_dir, ledger, networks);
     for (net, n) in &counts {
         if *n > 0 {
             crate::warn!(
