@@ -1,9 +1,9 @@
 //! Keeping one chosen conflist with the ledger first, a file at a time: read, plan,
 //! write only what is unchanged since the read, read back. A `.conf` holding a single
 //! plugin is converted to a `.conflist`; a symbolic link is read through, never written;
-//! a writer that keeps reverting the file is backed off from (`fight`).
+//! a writer that keeps reverting the file is backed off from (`revert_backoff`).
 
-use super::fight::{Fight, Reinject};
+use super::revert_backoff::{Reinject, RevertBackoff};
 use super::{Options, Shared};
 use crate::injection::{self, EntryOptions};
 use anyhow::Context;
@@ -26,7 +26,7 @@ pub struct FileState {
     ours_ino: Option<u64>,
     /// A single-plugin `.conf` the agent converted into a `.conflist`.
     converted: bool,
-    pub fight: Fight,
+    pub revert_backoff: RevertBackoff,
     pub error: Option<String>,
     /// The chain runs at a cniVersion the ledger does not serve: the version as shown
     /// (`version::Unserved::shown`); the file is left without the ledger.
@@ -165,7 +165,7 @@ impl<'a> Conflists<'a> {
         {
             let st = self.files.entry(path.to_path_buf()).or_default();
             if st.ours.as_deref() == Some(&bytes[..]) {
-                if st.fight.settle(now) {
+                if st.revert_backoff.settle(now) {
                     crate::info!(
                         "agent: {}: quiet again; the fight with another writer is over",
                         path.display()
@@ -237,7 +237,7 @@ impl<'a> Conflists<'a> {
             // Not ours any more: starting over within this pass is not another revert.
             st.ours = None;
         }
-        if st.fight.waiting_until(now).is_some() {
+        if st.revert_backoff.waiting_until(now).is_some() {
             return Some(FileOutcome::new(path.to_path_buf(), false, false, net));
         }
         let ok = write_verified(
@@ -409,7 +409,7 @@ impl<'a> Conflists<'a> {
     ) -> bool {
         let label = path.display().to_string();
         shared.metrics.reverts.with_label_values(&[&label]).inc();
-        match st.fight.on_revert(now) {
+        match st.revert_backoff.on_revert(now) {
             Reinject::Now => {
                 crate::info!(
                     "agent: {}: another writer took the ledger out ({what}); injecting again",
@@ -428,10 +428,10 @@ impl<'a> Conflists<'a> {
                          template, e.g. calico-node's install-cni, Cilium or Multus on restart) \
                          and put cni-ledger in its template, or choose another file with --conflist",
                         path.display(),
-                        super::fight::LIMIT + 1,
-                        super::fight::WINDOW.as_secs() / 60,
+                        super::revert_backoff::LIMIT + 1,
+                        super::revert_backoff::WINDOW.as_secs() / 60,
                         wait.as_secs(),
-                        super::fight::MAX_BACKOFF.as_secs() / 60,
+                        super::revert_backoff::MAX_BACKOFF.as_secs() / 60,
                     );
                 } else {
                     crate::info!(
@@ -481,7 +481,7 @@ impl<'a> Conflists<'a> {
                 return Some(FileOutcome::new(path.to_path_buf(), false, false, net));
             }
         }
-        if st.fight.waiting_until(now).is_some() {
+        if st.revert_backoff.waiting_until(now).is_some() {
             return Some(FileOutcome::new(path.to_path_buf(), false, false, net));
         }
         let result = (|| -> anyhow::Result<Option<String>> {

@@ -17,12 +17,12 @@ mod chain_tracker;
 pub mod chain_watch;
 pub mod conf;
 mod conflists;
-pub mod fight;
 mod gc_loop;
 mod http;
 pub mod install;
 mod readiness;
 mod reconcile;
+pub mod revert_backoff;
 pub mod unrecorded;
 mod watch;
 

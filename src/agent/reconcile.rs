@@ -155,10 +155,10 @@ impl<'a> Reconciler<'a> {
             let Some(st) = self.conflists.state(&done.file) else {
                 continue;
             };
-            if let Some(until) = st.fight.waiting_until(now) {
+            if let Some(until) = st.revert_backoff.waiting_until(now) {
                 pass.wake = Some(pass.wake.map_or(until, |w| w.min(until)));
             }
-            if st.fight.fighting() {
+            if st.revert_backoff.fighting() {
                 let settle = now + Duration::from_secs(1);
                 pass.wake = Some(pass.wake.map_or(settle, |w| w.min(settle)));
             }
@@ -169,7 +169,7 @@ impl<'a> Reconciler<'a> {
                 .set(done.injected as i64);
             m.fight
                 .with_label_values(&[&label])
-                .set(st.fight.fighting() as i64);
+                .set(st.revert_backoff.fighting() as i64);
             m.unsupported_version
                 .with_label_values(&[&label])
                 .set(st.unsupported.is_some() as i64);
@@ -178,7 +178,7 @@ impl<'a> Reconciler<'a> {
             status.conflists.push(ConfStatus {
                 file: done.file.clone(),
                 injected: done.injected,
-                fighting: st.fight.fighting(),
+                fighting: st.revert_backoff.fighting(),
                 error: st.error.clone(),
                 unsupported: st.unsupported.clone(),
                 runtimes,

@@ -16,7 +16,7 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
 pub const SETTLE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Default)]
-pub struct Fight {
+pub struct RevertBackoff {
     reverts: VecDeque<Instant>,
     level: u32,
     backoff_until: Option<Instant>,
@@ -46,7 +46,7 @@ fn limit() -> usize {
     LIMIT
 }
 
-impl Fight {
+impl RevertBackoff {
     fn prune(&mut self, now: Instant) {
         while self
             .reverts
@@ -111,7 +111,7 @@ mod tests {
     #[test]
     fn five_reverts_are_redone_at_once_the_sixth_starts_a_doubling_backoff() {
         let t0 = Instant::now();
-        let mut f = Fight::default();
+        let mut f = RevertBackoff::default();
         for i in 0..LIMIT {
             assert_eq!(
                 f.on_revert(t0 + Duration::from_millis(i as u64 * 100)),
@@ -145,7 +145,7 @@ mod tests {
     #[test]
     fn reverts_spread_over_more_than_the_window_never_fight() {
         let t0 = Instant::now();
-        let mut f = Fight::default();
+        let mut f = RevertBackoff::default();
         for i in 0..50u64 {
             assert_eq!(
                 f.on_revert(t0 + Duration::from_secs(i * 121)),
@@ -157,7 +157,7 @@ mod tests {
     #[test]
     fn a_quiet_fight_ends() {
         let t0 = Instant::now();
-        let mut f = Fight::default();
+        let mut f = RevertBackoff::default();
         for _ in 0..=LIMIT {
             f.on_revert(t0);
         }
