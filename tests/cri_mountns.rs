@@ -252,10 +252,16 @@ impl Drop for RuntimeProcs {
     }
 }
 
+/// The two tests run one at a time: `RuntimeProcs` finds a runtime's processes by its
+/// mount namespace's inode, and nsfs inodes are reused, so one test's clean-up could
+/// kill the other's agent or runtime (seen when both ran at once).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn containerd_in_its_own_mount_namespace_keeps_its_pods_through_gc_and_the_agent() {
     require_root!();
     require_tools!("target/test-venv");
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     keeps_pods_of_a_runtime_with_its_own_mounts(ContainerdVersion::V1_6);
 }
 
@@ -264,6 +270,7 @@ fn containerd_in_its_own_mount_namespace_keeps_its_pods_through_gc_and_the_agent
 fn containerd_2_in_its_own_mount_namespace_keeps_its_pods_through_gc_and_the_agent() {
     require_root!();
     require_tools!("target/test-venv");
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     keeps_pods_of_a_runtime_with_its_own_mounts(ContainerdVersion::V2);
 }
 
