@@ -282,12 +282,24 @@ impl World {
         c
     }
 
-    /// `gc --json --grace 0 --now --cni-cache-dir <world cache> <args>`.
+    /// `gc --json --grace 0 --now --yield-max 0 --cni-cache-dir <world cache> <args>`.
+    /// These worlds are full of ADDs a crash or a damage cut short, which look in flight
+    /// to gc's wait for new pods (up to a minute per run); what gc then does is the same
+    /// without the wait, which tests/recovery.rs holds to account.
     pub fn gc_args(&self, args: &[&str]) -> Vec<String> {
-        let mut all: Vec<String> = ["gc", "--json", "--grace", "0", "--now", "--cni-cache-dir"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let mut all: Vec<String> = [
+            "gc",
+            "--json",
+            "--grace",
+            "0",
+            "--now",
+            "--yield-max",
+            "0",
+            "--cni-cache-dir",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         all.push(self.cache_dir.display().to_string());
         all.extend(args.iter().map(|s| s.to_string()));
         all
