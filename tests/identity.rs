@@ -276,6 +276,20 @@ fn links_in(path: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `links_in` once two readings 1.5 s apart agree (10 s at most).
+fn settled_links_in(ns: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last = links_in(ns);
+    loop {
+        std::thread::sleep(Duration::from_millis(1500));
+        let now = links_in(ns);
+        if now == last || Instant::now() > deadline {
+            return now;
+        }
+        last = now;
+    }
+}
+
 fn assert_released(f: &Fixture, ips: &[&str]) {
     let held = f.ipam_addresses();
     for ip in ips {
@@ -473,7 +487,9 @@ fn pid_recycled_by_a_host_process_is_replaced_and_the_host_untouched() {
         assert!(Instant::now() < deadline, "the dead sandbox's veth stayed");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let host_before = links_in(&host_ns);
+    // The bridge's operstate follows its last port's going a moment later (the kernel's
+    // link watch runs up to a second behind): compare against the settled host.
+    let host_before = settled_links_in(&host_ns);
 
     let r = row(&f, "dead", "eth0");
     assert_eq!(
