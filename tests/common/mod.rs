@@ -605,10 +605,20 @@ impl Fixture {
         c
     }
 
-    /// `cni-ledger gc --json --cni-cache-dir <cache> <args...>` in the host namespace.
+    /// `cni-ledger gc --json --yield-max 0 --cni-cache-dir <cache> <args...>` in the host
+    /// namespace. Without the wait for ADDs in flight: a test's gc right after its own ADD
+    /// would otherwise wait for it (5 s for a chain without a tail); the wait is
+    /// tests/recovery.rs's, with its own gc command line.
     pub fn gc(&self, args: &[&str]) -> (Output, Option<Value>) {
         let cache = self.cache_dir.to_string_lossy().into_owned();
-        let mut all = vec!["gc", "--json", "--cni-cache-dir", cache.as_str()];
+        let mut all = vec![
+            "gc",
+            "--json",
+            "--yield-max",
+            "0",
+            "--cni-cache-dir",
+            cache.as_str(),
+        ];
         all.extend_from_slice(args);
         let out = self.ledger(&all);
         let v = serde_json::from_slice(&out.stdout).ok();
