@@ -30,8 +30,6 @@ pub fn dir(ledger: &Ledger) -> PathBuf {
 }
 
 pub fn write(ledger: &Ledger, key: &Key, netns: &str, failures: &[Failure]) -> Result<PathBuf> {
-    let dir = dir(ledger);
-    mkdir_checked(&dir, ledger.root())?;
     let note = Note {
         network: key.network.clone(),
         container_id: key.container_id.clone(),
@@ -40,10 +38,26 @@ pub fn write(ledger: &Ledger, key: &Key, netns: &str, failures: &[Failure]) -> R
         at: crate::time::rfc3339(crate::time::now()),
         failures: failures.to_vec(),
     };
+    write_keyed(ledger, &dir(ledger), key, &note)
+}
+
+/// Writes `value` as `<dir>/<key's stem>.json`, atomically; `dir` is the devices
+/// directory or one beneath it, made (checked) as needed. One line of JSON.
+pub(super) fn write_keyed(
+    ledger: &Ledger,
+    dir: &Path,
+    key: &Key,
+    value: &impl Serialize,
+) -> Result<PathBuf> {
+    let top = self::dir(ledger);
+    mkdir_checked(&top, ledger.root())?;
+    if dir != top {
+        mkdir_checked(dir, &top)?;
+    }
     let name = format!("{}.json", key.stem());
-    let mut bytes = serde_json::to_vec(&note)?;
+    let mut bytes = serde_json::to_vec(value)?;
     bytes.push(b'\n');
-    fsio::write_atomic(&dir, &name, &bytes, "devices")
+    fsio::write_atomic(dir, &name, &bytes, "devices")
         .with_context(|| format!("writing {}", dir.join(&name).display()))?;
     Ok(dir.join(name))
 }
@@ -74,19 +88,11 @@ pub fn write_mismatches(
     key: &Key,
     mismatches: &[super::Mismatch],
 ) -> Result<PathBuf> {
-    mkdir_checked(&dir(ledger), ledger.root())?;
-    let dir = mismatch_dir(ledger);
-    mkdir_checked(&dir, &self::dir(ledger))?;
     let body = serde_json::json!({
         "network": key.network, "containerId": key.container_id, "ifname": key.ifname,
         "at": crate::time::rfc3339(crate::time::now()), "mismatches": mismatches,
     });
-    let name = format!("{}.json", key.stem());
-    let mut bytes = serde_json::to_vec(&body)?;
-    bytes.push(b'\n');
-    fsio::write_atomic(&dir, &name, &bytes, "devices")
-        .with_context(|| format!("writing {}", dir.join(&name).display()))?;
-    Ok(dir.join(name))
+    write_keyed(ledger, &mismatch_dir(ledger), key, &body)
 }
 
 /// How many attachments' alias mismatches are kept (files in `mismatch_dir`).

@@ -13,7 +13,7 @@
 
 use super::{link, naming, select, Recorded};
 use crate::ledger::{fsio, Key, Ledger};
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -72,14 +72,7 @@ pub fn host_dir(ledger: &Ledger) -> PathBuf {
 /// costs only the state's return later, never the ADD.
 pub fn remember(ledger: &Ledger, key: &Key) -> Result<()> {
     let links = snapshot(Path::new("/sys/class/net"));
-    super::failure_note::mkdir_checked(&super::failure_note::dir(ledger), ledger.root())?;
-    let dir = host_dir(ledger);
-    super::failure_note::mkdir_checked(&dir, &super::failure_note::dir(ledger))?;
-    let name = format!("{}.json", key.stem());
-    let mut bytes = serde_json::to_vec(&links)?;
-    bytes.push(b'\n');
-    fsio::write_atomic(&dir, &name, &bytes, "devices")
-        .with_context(|| format!("writing {}", dir.join(&name).display()))
+    super::failure_note::write_keyed(ledger, &host_dir(ledger), key, &links).map(drop)
 }
 
 pub fn load(ledger: &Ledger, key: &Key) -> Vec<HostLink> {
@@ -330,9 +323,6 @@ pub fn repaired_dir(ledger: &Ledger) -> PathBuf {
 }
 
 pub fn write_repaired(ledger: &Ledger, key: &Key, repaired: &[Repaired]) -> Result<PathBuf> {
-    super::failure_note::mkdir_checked(&super::failure_note::dir(ledger), ledger.root())?;
-    let dir = repaired_dir(ledger);
-    super::failure_note::mkdir_checked(&dir, &super::failure_note::dir(ledger))?;
     let body = RepairNote {
         network: key.network.clone(),
         container_id: key.container_id.clone(),
@@ -340,12 +330,7 @@ pub fn write_repaired(ledger: &Ledger, key: &Key, repaired: &[Repaired]) -> Resu
         at: crate::time::rfc3339(crate::time::now()),
         devices: repaired.to_vec(),
     };
-    let name = format!("{}.json", key.stem());
-    let mut bytes = serde_json::to_vec(&body)?;
-    bytes.push(b'\n');
-    fsio::write_atomic(&dir, &name, &bytes, "devices")
-        .with_context(|| format!("writing {}", dir.join(&name).display()))?;
-    Ok(dir.join(name))
+    super::failure_note::write_keyed(ledger, &repaired_dir(ledger), key, &body)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
