@@ -16,7 +16,6 @@ mod agent_common;
 mod common;
 
 use std::fs;
-use std::path::{Path, PathBuf};
 use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -24,95 +23,21 @@ use agent_common::{dir_args, preinstalled_bin, wait_for, Agent};
 use common::*;
 use serde_json::{json, Value};
 
-const SLOW: &str = "cl-slowadd";
-
-/// The fixture's chain with bridge held by cl-slowadd (open while the gate file exists)
-/// and the tail last.
-fn fixture() -> Fixture {
-    let mut f = Fixture::with_spec(ChainSpec {
-        bridge: false,
-        portmap: false,
-        ..ChainSpec::full()
-    });
-    let to = f.bin_dir.join(SLOW);
-    fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("testdata/plugins")
-            .join(SLOW),
-        &to,
-    )
-    .unwrap();
-    set_mode(&to, 0o755);
-    let mut slow = f.bridge_entry();
-    slow["type"] = json!(SLOW);
-    slow["delegate"] = json!("bridge");
-    slow["startedFile"] = json!(f.tmp.path().join("slow-started"));
-    slow["gateFile"] = json!(gate(&f));
-    let tail = json!({
-        "type": "cni-ledger",
-        "role": "tail",
-        "ledgerDir": f.ledger_dir,
-        "logFile": f.log_file,
-        "logLevel": "info",
-    });
-    f.spec.extra = vec![slow, tail];
-    let spec = f.spec.clone();
-    f.write_conflist(&f.conflist(&spec));
-    f
-}
-
-fn gate(f: &Fixture) -> PathBuf {
-    f.tmp.path().join("slow-gate")
-}
+use common::slowadd::{gate_file, held_chain_fixture as fixture, release, start_held_add};
 
 /// A completed attachment whose namespace is then deleted: stale, with its address
 /// still held by host-local. Returns the address.
 fn stale_attachment(f: &Fixture, cid: &str) -> String {
-    fs::write(gate(f), b"").unwrap();
+    fs::write(gate_file(f), b"").unwrap();
     let mut ns = Netns::new();
     let result = f
         .add(cid, "eth0", Some(&ns.path_str()), None)
         .unwrap_or_else(|e| panic!("ADD {cid}: {e}\nlog:\n{}", f.log()));
     ns.delete();
-    fs::remove_file(gate(f)).unwrap();
+    fs::remove_file(gate_file(f)).unwrap();
     let ip = first_ip(&result);
     assert!(f.ipam_addresses().contains(&ip), "{ip} not held");
     ip
-}
-
-/// Starts a new pod's ADD and returns once cl-slowadd holds it: the head has recorded
-/// it, the tail has not come.
-fn held_add(f: &Fixture, cid: &str, ns: &Netns) -> Child {
-    let started = f.tmp.path().join("slow-started");
-    let _ = fs::remove_file(&started);
-    let child = f
-        .driver_cmd("add", cid, "eth0", Some(&ns.path_str()), None)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let until = Instant::now() + Duration::from_secs(30);
-    while !started.exists() {
-        assert!(Instant::now() < until, "the ADD never reached {SLOW}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(
-        f.record_path(cid, "eth0").exists(),
-        "the head recorded nothing"
-    );
-    child
-}
-
-/// Lets the held ADD go on; it must succeed.
-fn release(f: &Fixture, add: Child) {
-    fs::write(gate(f), b"").unwrap();
-    let out = add.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "ADD: {}\nlog:\n{}",
-        describe(&out),
-        f.log()
-    );
 }
 
 /// `cni-ledger gc --json --grace 0 --now` of the fixture's network, started, logging
@@ -160,7 +85,7 @@ fn gc_waits_while_an_add_is_in_the_chain_and_replays_once_it_completed() {
     let f = fixture();
     let ip = stale_attachment(&f, "c-stale");
     let ns = Netns::new();
-    let add = held_add(&f, "c-new", &ns);
+    let add = start_held_add(&f, "c-new", &ns);
 
     let t0 = Instant::now();
     let mut gc = start_gc(&f, &["--yield-max", "60"]);
@@ -203,7 +128,7 @@ fn gc_replays_once_its_bound_is_spent_with_the_add_still_in_the_chain() {
     let f = fixture();
     let ip = stale_attachment(&f, "c-stale");
     let ns = Netns::new();
-    let add = held_add(&f, "c-new", &ns);
+    let add = start_held_add(&f, "c-new", &ns);
 
     let t0 = Instant::now();
     let gc = start_gc(&f, &["--yield-max", "3"]);
@@ -231,7 +156,7 @@ fn gc_without_yield_and_a_dry_run_do_not_wait() {
     let f = fixture();
     let ip = stale_attachment(&f, "c-stale");
     let ns = Netns::new();
-    let add = held_add(&f, "c-new", &ns);
+    let add = start_held_add(&f, "c-new", &ns);
 
     // A dry run runs no plugin: it reports at once.
     let t0 = Instant::now();
@@ -263,7 +188,7 @@ fn the_agents_first_gc_run_waits_for_an_add_in_the_chain() {
     let f = fixture();
     let ip = stale_attachment(&f, "c-stale");
     let ns = Netns::new();
-    let add = held_add(&f, "c-new", &ns);
+    let add = start_held_add(&f, "c-new", &ns);
 
     // The agent over a node whose pods are starting: its first gc run (at start, flags
     // at their defaults but the grace: the stale record is of this boot).
@@ -302,7 +227,7 @@ fn gc_with_nothing_stale_does_not_wait_for_an_add_in_the_chain() {
     require_root!();
     let f = fixture();
     let ns = Netns::new();
-    let add = held_add(&f, "c-new", &ns);
+    let add = start_held_add(&f, "c-new", &ns);
 
     // Only the held ADD's record, live: nothing to replay, so nothing to wait for.
     let t0 = Instant::now();

@@ -25,6 +25,7 @@ pub mod inproc;
 pub mod netns;
 pub mod records;
 pub mod root;
+pub mod slowadd;
 pub mod tools;
 
 // One `use common::*` reaches them all; each binary uses some (as with dead_code above).
