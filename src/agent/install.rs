@@ -270,7 +270,7 @@ mod tests {
         assert!(at(TEMP_MAX_AGE - Duration::from_secs(1)).is_empty());
         assert!(sweep_temps(&dir, "cni-ledger", written - Duration::from_secs(3600)).is_empty());
         assert_eq!(listing(), all);
-        assert_eq!(at(TEMP_MAX_AGE), [old.clone()]);
+        assert_eq!(at(TEMP_MAX_AGE), std::slice::from_ref(&old));
         // Everything else is old by now too, and stays.
         assert!(at(TEMP_MAX_AGE * 10).is_empty());
         assert!(!old.exists() && other.exists() && target.exists());
