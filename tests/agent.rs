@@ -1,7 +1,8 @@
 //! `cni-ledger agent` as a real process on scratch conf, bin and ledger dirs: it puts the
 //! ledger first and keeps it there through rewrites (plain write and rename) within a
 //! second, backs off from a writer that never stops, installs its binary while an old
-//! copy runs, survives its own restart, uninstalls, and replays a reboot's leftovers at
+//! copy runs (and removes the old temp files of an interrupted install), survives its
+//! own restart, uninstalls, and replays a reboot's leftovers at
 //! start while a failing plugin backs off. Needs root, curl and promtool.
 //!
 //!     cargo test --features testing --test agent
@@ -278,6 +279,82 @@ fn binary_replaced_under_a_running_copy_restart_keeps_injection_uninstall_remove
     assert!(out.status.success(), "{}", describe(&out));
     let now: Value = serde_json::from_slice(&fs::read(&f.conf_file).unwrap()).unwrap();
     assert_eq!(now, plain, "uninstall did not restore the chain");
+}
+
+/// An agent killed between writing its binary's temp file and the rename leaves the
+/// file in the bin dir. The next agent removes its own such files once 10 minutes old,
+/// and nothing else: not a fresh one (another agent may be writing it), not another
+/// writer's temp or install.sh's, not a symlink under its pattern, not a directory.
+#[test]
+fn an_old_temp_file_of_its_own_in_the_bin_dir_goes_and_nothing_else_does() {
+    require_root!();
+    use nix::sys::stat::{utimensat, UtimensatFlags};
+    use nix::sys::time::TimeSpec;
+    let f = Fixture::new();
+    write_in_place(&f.conf_file, &plain_conflist(&f));
+    let bin = f.tmp.path().join("agent-bin");
+    fs::create_dir_all(&bin).unwrap();
+    // Unmodified for an hour (of the link itself, for a symlink).
+    let age = |p: &Path| {
+        let t = TimeSpec::from_duration(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                - Duration::from_secs(3600),
+        );
+        utimensat(None, p, &t, &t, UtimensatFlags::NoFollowSymlink).unwrap();
+    };
+    let put = |name: &str, old: bool| {
+        let p = bin.join(name);
+        fs::write(&p, b"partial binary").unwrap();
+        if old {
+            age(&p);
+        }
+    };
+    put(".tmp.cni-ledger.4242.0", true); // the leftover
+    put(".tmp.cni-ledger.4243.0", false); // being written now
+    put(".tmp.bridge.4242.0", true); // another writer's
+    put(".cni-ledger.Ab12Cd", true); // install.sh's mktemp
+    put("host-local", true);
+    let outside = f.tmp.path().join("outside");
+    fs::write(&outside, b"not in the bin dir").unwrap();
+    age(&outside);
+    std::os::unix::fs::symlink(&outside, bin.join(".tmp.cni-ledger.4242.1")).unwrap();
+    age(&bin.join(".tmp.cni-ledger.4242.1"));
+    fs::create_dir(bin.join(".tmp.cni-ledger.4242.2")).unwrap();
+    age(&bin.join(".tmp.cni-ledger.4242.2"));
+
+    let log = f.tmp.path().join("agent.log");
+    let mut agent = Agent::start(&ledger_bin(), &agent_args(&f, &bin, &[]), &log, None);
+    wait_for(Duration::from_secs(20), || {
+        agent.get("/readyz").0 == 200 && bin.join("cni-ledger").exists()
+    })
+    .unwrap_or_else(|| panic!("not ready:\n{}", agent.log_text()));
+    assert_eq!(
+        list_dir(&bin),
+        [
+            ".cni-ledger.Ab12Cd",
+            ".tmp.bridge.4242.0",
+            ".tmp.cni-ledger.4242.1",
+            ".tmp.cni-ledger.4242.2",
+            ".tmp.cni-ledger.4243.0",
+            "cni-ledger",
+            "host-local",
+        ],
+        "{}",
+        agent.log_text()
+    );
+    assert!(bin.join(".tmp.cni-ledger.4242.1").is_symlink());
+    assert_eq!(fs::read(&outside).unwrap(), b"not in the bin dir");
+    let text = agent.log_text();
+    assert!(
+        text.contains(&format!(
+            "agent: removed {}, a temp file an interrupted install left",
+            bin.join(".tmp.cni-ledger.4242.0").display()
+        )),
+        "{text}"
+    );
+    assert_eq!(agent.stop(10).code(), Some(0));
 }
 
 #[test]

@@ -150,16 +150,6 @@ fn ns_of(pid: u32, ns: &str) -> String {
         .unwrap_or_default()
 }
 
-/// Every process in the mount namespace `mnt` (containerd and its shims).
-fn in_mount_ns(mnt: &str) -> Vec<u32> {
-    fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .filter(|&pid| ns_of(pid, "mnt") == mnt)
-        .collect()
-}
-
 fn dev_ino(path: &Path) -> Option<(u64, u64)> {
     fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
@@ -175,20 +165,101 @@ fn eth0_of(pid: u32) -> Option<String> {
     v[0]["addr_info"][0]["local"].as_str().map(str::to_string)
 }
 
+/// The fields of `/proc/<pid>/stat` after the command name (the state first).
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
+/// A process as the test met it: its PID and start time (clock ticks since boot),
+/// which a process reusing the PID later does not share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Proc {
+    pid: u32,
+    start: u64,
+}
+
+impl Proc {
+    fn of(pid: u32) -> Option<Proc> {
+        // `starttime` is field 22, the 20th after the command name.
+        let start = stat_fields(pid)?.get(19)?.parse().ok()?;
+        Some(Proc { pid, start })
+    }
+
+    fn parent(&self) -> Option<u32> {
+        stat_fields(self.pid)?.get(1)?.parse().ok()
+    }
+
+    /// Still the process the test met, and not yet exited.
+    fn alive(&self) -> bool {
+        Proc::of(self.pid) == Some(*self) && !process_gone(self.pid, 0)
+    }
+
+    /// Its children, from every thread's `/proc/<pid>/task/<tid>/children`; each checked
+    /// to have it as its parent once met (its PID was not reused in between).
+    fn children(&self) -> Vec<Proc> {
+        fs::read_dir(format!("/proc/{}/task", self.pid))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .flat_map(|t| {
+                fs::read_to_string(t.path().join("children"))
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .filter_map(|c| c.parse().ok())
+                    .collect::<Vec<u32>>()
+            })
+            .filter_map(Proc::of)
+            .filter(|c| c.parent() == Some(self.pid))
+            .collect()
+    }
+}
+
+/// `roots` still alive and every process descending from them now.
+fn tree(roots: &[Proc]) -> Vec<Proc> {
+    let mut out: Vec<Proc> = Vec::new();
+    let mut todo: Vec<Proc> = roots.iter().copied().filter(Proc::alive).collect();
+    while let Some(p) = todo.pop() {
+        if !out.contains(&p) {
+            todo.extend(p.children());
+            out.push(p);
+        }
+    }
+    out
+}
+
 /// The runtime's processes, killed on drop (containerd's own drop stops only a
-/// containerd still running): the pods' pause processes, and whatever is left in the
-/// runtime's mount namespace (its shims), which dies with them. The cgroups runc made
+/// containerd still running): the ones the test started or met, each with whatever
+/// descends from it then. containerd, and per pod its pause process and the shim that
+/// is its parent (the shim daemonizes, so it is no child of containerd's). Each is
+/// known by PID and start time, never by its namespaces: a namespace's inode is reused
+/// once it is gone, and another test's runtime may have it then. The cgroups runc made
 /// for pods killed behind containerd's back are removed once empty.
 struct RuntimeProcs {
-    mnt: String,
-    pauses: Vec<u32>,
+    roots: Vec<Proc>,
     cgroups: Vec<PathBuf>,
 }
 
 impl RuntimeProcs {
-    /// A pod's pause process, and its cgroups (named by its sandbox `id`).
-    fn add_pause(&mut self, pid: u32, id: &str) {
-        self.pauses.push(pid);
+    fn new(containerd: u32) -> RuntimeProcs {
+        RuntimeProcs {
+            roots: Proc::of(containerd).into_iter().collect(),
+            cgroups: Vec::new(),
+        }
+    }
+
+    /// A pod's pause process, its shim (returned), and its cgroups (named by its
+    /// sandbox `id`).
+    fn add_pause(&mut self, pid: u32, id: &str) -> Proc {
+        let pause = Proc::of(pid).unwrap_or_else(|| panic!("pause {pid} is gone"));
+        let shim = pause.parent().and_then(Proc::of).expect("pause's parent");
+        let comm = fs::read_to_string(format!("/proc/{}/comm", shim.pid)).unwrap_or_default();
+        assert!(
+            comm.starts_with("containerd-shim"),
+            "pause's parent: {comm}"
+        );
+        self.roots.extend([pause, shim]);
         for line in fs::read_to_string(format!("/proc/{pid}/cgroup"))
             .unwrap_or_default()
             .lines()
@@ -213,33 +284,37 @@ impl RuntimeProcs {
                 }
             }
         }
+        shim
     }
 
-    fn kill(pids: &[u32]) {
-        for pid in pids {
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .output();
-        }
-        for pid in pids {
-            assert!(process_gone(*pid, 10), "pid {pid} did not exit");
+    fn signal(procs: &[Proc]) {
+        for p in procs {
+            if p.alive() {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &p.pid.to_string()])
+                    .output();
+            }
         }
     }
 
-    /// The pause processes, then everything in the runtime's mount namespace.
+    /// `procs` and their descendants, waited for.
+    fn kill(procs: &[Proc]) {
+        let all = tree(procs);
+        Self::signal(&all);
+        for p in &all {
+            assert!(process_gone(p.pid, 10), "pid {} did not exit", p.pid);
+        }
+    }
+
+    /// Every process of the runtime.
     fn kill_all(&mut self) {
-        Self::kill(&std::mem::take(&mut self.pauses));
-        Self::kill(&in_mount_ns(&self.mnt));
+        Self::kill(&std::mem::take(&mut self.roots));
     }
 }
 
 impl Drop for RuntimeProcs {
     fn drop(&mut self) {
-        for pid in self.pauses.iter().copied().chain(in_mount_ns(&self.mnt)) {
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .output();
-        }
+        Self::signal(&tree(&self.roots));
         for dir in &self.cgroups {
             let deadline = std::time::Instant::now() + Duration::from_secs(5);
             while dir.exists()
@@ -252,16 +327,10 @@ impl Drop for RuntimeProcs {
     }
 }
 
-/// The two tests run one at a time: `RuntimeProcs` finds a runtime's processes by its
-/// mount namespace's inode, and nsfs inodes are reused, so one test's clean-up could
-/// kill the other's agent or runtime (seen when both ran at once).
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 #[test]
 fn containerd_in_its_own_mount_namespace_keeps_its_pods_through_gc_and_the_agent() {
     require_root!();
     require_tools!("target/test-venv");
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     keeps_pods_of_a_runtime_with_its_own_mounts(ContainerdVersion::V1_6);
 }
 
@@ -270,7 +339,6 @@ fn containerd_in_its_own_mount_namespace_keeps_its_pods_through_gc_and_the_agent
 fn containerd_2_in_its_own_mount_namespace_keeps_its_pods_through_gc_and_the_agent() {
     require_root!();
     require_tools!("target/test-venv");
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     keeps_pods_of_a_runtime_with_its_own_mounts(ContainerdVersion::V2);
 }
 
@@ -360,11 +428,7 @@ fn keeps_pods_of_a_runtime_with_its_own_mounts(version: ContainerdVersion) {
         .display()
         .to_string();
     assert_ne!(runtime_mnt, node_mnt, "containerd shares the node's mounts");
-    let mut procs = RuntimeProcs {
-        mnt: runtime_mnt.clone(),
-        pauses: Vec::new(),
-        cgroups: Vec::new(),
-    };
+    let mut procs = RuntimeProcs::new(ctrd_pid);
     let out = ctrd.ctr(&["images", "import", tarball.to_str().unwrap()]);
     assert!(out.status.success(), "{}", describe(&out));
 
@@ -373,6 +437,7 @@ fn keeps_pods_of_a_runtime_with_its_own_mounts(version: ContainerdVersion) {
     struct Pod {
         id: String,
         pause: u32,
+        shim: Proc,
         netns: String,
         addr: String,
     }
@@ -380,7 +445,8 @@ fn keeps_pods_of_a_runtime_with_its_own_mounts(version: ContainerdVersion) {
     for (name, port) in [("keep", 18201), ("gone", 18202), ("removed", 18203)] {
         let id = ctrd.run_sandbox(name, port);
         let pause = ctrd.task_pid(&id);
-        procs.add_pause(pause, &id);
+        let shim = procs.add_pause(pause, &id);
+        assert_eq!(ns_of(shim.pid, "mnt"), runtime_mnt, "{name}'s shim");
         let rec = node
             .record(network, &id)
             .unwrap_or_else(|| panic!("{name} unrecorded:\n{}", agent.log_text()));
@@ -413,6 +479,7 @@ fn keeps_pods_of_a_runtime_with_its_own_mounts(version: ContainerdVersion) {
         pods.push(Pod {
             id,
             pause,
+            shim,
             netns,
             addr,
         });
@@ -455,10 +522,10 @@ fn keeps_pods_of_a_runtime_with_its_own_mounts(version: ContainerdVersion) {
         sample(&agent.metrics(), runs).unwrap_or(0.0) >= before + 2.0
     })
     .unwrap_or_else(|| panic!("no agent gc runs:\n{}", agent.log_text()));
+    assert_eq!(records(&node), all_records, "{}", agent.log_text());
     for pod in &pods {
         assert_kept(&node, pod, "after the agent's gc");
     }
-    assert_eq!(records(&node), all_records, "{}", agent.log_text());
     // It asked containerd at its default socket in the node's root, as a node's agent does.
     assert!(
         agent
@@ -512,7 +579,6 @@ fn keeps_pods_of_a_runtime_with_its_own_mounts(version: ContainerdVersion) {
 
     // Control: the runtime removes a pod; its own DEL goes through the chain.
     ctrd.stop_and_remove(&removed.id);
-    procs.pauses.retain(|&p| p != removed.pause);
     assert!(
         node.record(network, &removed.id).is_none(),
         "removed: record kept"
@@ -526,14 +592,13 @@ fn keeps_pods_of_a_runtime_with_its_own_mounts(version: ContainerdVersion) {
     // in the runtime's mount namespace (which `keep`'s shim still holds): the next gc
     // releases `gone`, and only it.
     ctrd.crash();
-    RuntimeProcs::kill(&[gone.pause]);
-    procs.pauses.retain(|&p| p != gone.pause);
-    let shim = *in_mount_ns(&runtime_mnt)
-        .first()
-        .expect("the runtime's mount namespace has no process left");
+    RuntimeProcs::kill(&[Proc::of(gone.pause).expect("gone's pause")]);
+    let shim = keep.shim;
+    assert!(shim.alive(), "keep's shim died with containerd");
+    assert_eq!(ns_of(shim.pid, "mnt"), runtime_mnt);
     run_ok(
         Command::new("nsenter")
-            .arg(format!("--mount=/proc/{shim}/ns/mnt"))
+            .arg(format!("--mount=/proc/{}/ns/mnt", shim.pid))
             .arg("umount")
             .arg(gone.netns.trim_start_matches("/var")),
     );

@@ -111,11 +111,14 @@ fn put_device(f: &Fixture, pod: &Netns) {
     assert!(host_link(f, POD_NAME).is_none());
 }
 
-/// The name udev's MAC scheme gives the pod's `devx0`: the neutral name DEL gives it
-/// when nothing was recorded (a veth has no bus address).
-fn mac_name(pod: &Netns) -> String {
-    let l = pod_link(pod, POD_NAME).unwrap();
-    format!("enx{}", l["address"].as_str().unwrap().replace(':', ""))
+/// The neutral name DEL gives the pod's `devx0` when nothing was recorded: a veth has
+/// no bus address and no permanent hardware address (its current one is the pod's to
+/// set), so the first `devN` free on the host.
+fn neutral_name(f: &Fixture) -> String {
+    (0..)
+        .map(|i| format!("dev{i}"))
+        .find(|n| host_link(f, n).is_none())
+        .unwrap()
 }
 
 /// The pod (root in its namespace) rewrites its device's alias.
@@ -178,10 +181,10 @@ fn taken_recorded_name_falls_back_to_a_neutral_one_and_nothing_on_the_host_is_re
     });
     let before = host_link(&f, ALIAS).unwrap();
     let pod = pod_with_device(&f, "c-2");
-    let neutral = mac_name(&pod);
+    let neutral = neutral_name(&f);
     f.del("c-2", "eth0", Some(&pod.path_str()), None)
         .unwrap_or_else(|e| panic!("DEL: {e}\nlog:\n{}", f.log()));
-    // Back under its MAC name (never its pod name, which the pod chose); the host's
+    // Back under a neutral name (never its pod name, which the pod chose); the host's
     // ens9f0 is the same bridge as before.
     assert_returned_as(&f, &pod, &neutral);
     let after = host_link(&f, ALIAS).unwrap();
@@ -189,7 +192,7 @@ fn taken_recorded_name_falls_back_to_a_neutral_one_and_nothing_on_the_host_is_re
     assert_eq!(after["linkinfo"]["info_kind"], json!("bridge"));
     assert!(
         f.log()
-            .contains(&format!("to the host as {neutral} (by MAC address)")),
+            .contains(&format!("to the host as {neutral} (by first free devN)")),
         "{}",
         f.log()
     );
@@ -252,7 +255,7 @@ fn a_device_that_cannot_move_never_fails_del_and_list_shows_it() {
     assert!(pod_link(&pod, "devbr0").is_some());
     let log = f.log();
     assert!(
-        log.contains("could not return device devbr0 (no bus address): moving to the host as enx"),
+        log.contains("could not return device devbr0 (no bus address): moving to the host as dev"),
         "{log}"
     );
     let rows = f.list_json();
@@ -320,6 +323,7 @@ fn only_the_namespace_with_the_recorded_cookie_gives_up_devices() {
     let pod = pod_with_device(&f, "c-cookie");
     let host = std::fs::File::open(format!("/run/netns/{}", f.host.name())).unwrap();
     let path = pod.path_str();
+    let neutral = neutral_name(&f);
     let (wrong, right) = std::thread::spawn(move || {
         // This thread alone moves into the test's host namespace, then ends.
         nix::sched::setns(&host, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
@@ -345,20 +349,11 @@ fn only_the_namespace_with_the_recorded_cookie_gives_up_devices() {
     );
     assert_eq!(right.moved.len(), 1, "{:?}", right.failures);
     // Given no recorded names, it comes back under a neutral one.
-    assert_eq!(
-        right.moved[0].host_name,
-        mac_name_of(&f, &right.moved[0].host_name)
-    );
+    assert_eq!(right.moved[0].host_name, neutral);
     assert!(host_link(&f, &right.moved[0].host_name).is_some());
     assert!(pod_link(&pod, POD_NAME).is_none());
     f.del("c-cookie", "eth0", Some(&pod.path_str()), None)
         .unwrap_or_else(|e| panic!("DEL: {e}\nlog:\n{}", f.log()));
-}
-
-/// The `enx<mac>` name of the host link `name`, from its address.
-fn mac_name_of(f: &Fixture, name: &str) -> String {
-    let l = host_link(f, name).unwrap_or_else(|| panic!("{name} is not on the host"));
-    format!("enx{}", l["address"].as_str().unwrap().replace(':', ""))
 }
 
 fn alias_mismatches_metric(f: &Fixture) -> String {
@@ -424,26 +419,55 @@ fn an_alias_the_pod_rewrites_after_add_is_never_the_host_name() {
 }
 
 /// Without the tail nothing was recorded: a rewritten alias still never names the
-/// device; it comes back under its neutral (MAC) name, and no mismatch is claimed.
+/// device; it comes back under its neutral name, and no mismatch is claimed.
 #[test]
 fn with_nothing_recorded_a_rewritten_alias_gives_the_neutral_name() {
     require_root!();
     let f = fixture_with(Some(json!({"names": ["dev*"]})), false);
     let pod = pod_with_device(&f, "c-n1");
     set_alias(&pod, "cni0");
-    let neutral = mac_name(&pod);
+    let neutral = neutral_name(&f);
     f.del("c-n1", "eth0", Some(&pod.path_str()), None)
         .unwrap_or_else(|e| panic!("DEL: {e}\nlog:\n{}", f.log()));
     assert_returned_with_alias(&f, &pod, &neutral, "cni0");
     assert!(host_link(&f, "cni0").is_none());
     let log = f.log();
     assert!(
-        log.contains(&format!("to the host as {neutral} (by MAC address)")),
+        log.contains(&format!("to the host as {neutral} (by first free devN)")),
         "{log}"
     );
     assert!(!log.contains("was recorded"), "{log}");
     assert_eq!(
         alias_mismatches_metric(&f),
         "cni_ledger_device_alias_mismatches 0"
+    );
+}
+
+/// The pod (root in its namespace) sets its device's MAC after ADD, and nothing was
+/// recorded: udev's `enx<mac>` rule would let it choose a host name (the 12 hex digits
+/// after `enx`). The name comes from the permanent hardware address only, which a veth
+/// has none of: the device comes back as the first free `devN`, keeping the pod's MAC.
+#[test]
+fn a_mac_the_pod_sets_never_names_the_device() {
+    require_root!();
+    let f = fixture_with(Some(json!({"names": ["dev*"]})), false);
+    let pod = pod_with_device(&f, "c-m1");
+    let mac = "02:c1:1e:d9:e0:01";
+    run({
+        let mut c = pod.exec("ip");
+        c.args(["link", "set", POD_NAME, "address", mac]);
+        c
+    });
+    assert_eq!(pod_link(&pod, POD_NAME).unwrap()["address"], json!(mac));
+    let neutral = neutral_name(&f);
+    f.del("c-m1", "eth0", Some(&pod.path_str()), None)
+        .unwrap_or_else(|e| panic!("DEL: {e}\nlog:\n{}", f.log()));
+    assert!(host_link(&f, "enx02c11ed9e001").is_none(), "{}", f.log());
+    assert_returned_as(&f, &pod, &neutral);
+    assert_eq!(host_link(&f, &neutral).unwrap()["address"], json!(mac));
+    let log = f.log();
+    assert!(
+        log.contains(&format!("to the host as {neutral} (by first free devN)")),
+        "{log}"
     );
 }

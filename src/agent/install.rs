@@ -4,10 +4,22 @@
 //! name leaves a running copy its own inode and every new exec a whole file. No child of
 //! the agent (a gc replay) is forked while the temp file is open for writing, or it would
 //! hold it open past the rename and make the runtime's exec fail with ETXTBSY.
+//!
+//! An agent killed between the temp file's creation and the rename leaves it behind:
+//! the agent removes its own such files once they are old (`sweep_temps`).
 
 use anyhow::{Context, Result};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+/// A temp file of ours this long unmodified is a leftover: an install takes well under
+/// a second, so no agent or installer still writing one (another agent during a rolling
+/// update, say) is ever raced.
+const TEMP_MAX_AGE: Duration = Duration::from_secs(600);
+/// How often a bin dir is looked at for leftovers (and at the agent's first check): a
+/// killed agent's temp file is fresh when its successor starts.
+const SWEEP_EVERY: Duration = Duration::from_secs(600);
 
 /// What the agent last verified in one bin dir; a change of any of these re-checks bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +46,8 @@ pub struct Installer {
     source: PathBuf,
     name: String,
     verified: Vec<(PathBuf, Option<Seen>)>,
+    /// When each bin dir (as in `verified`) was last swept of leftover temp files.
+    swept: Vec<Option<Instant>>,
     /// Where the agent itself was started from (under systemd: the bin dir itself).
     running_from: Option<PathBuf>,
 }
@@ -44,6 +58,7 @@ impl Installer {
             source,
             name: name.to_string(),
             verified: dirs.iter().map(|d| (d.clone(), None)).collect(),
+            swept: vec![None; dirs.len()],
             running_from: std::fs::read_link("/proc/self/exe").ok().map(|p| {
                 let s = p.to_string_lossy();
                 PathBuf::from(s.strip_suffix(" (deleted)").unwrap_or(&s))
@@ -56,7 +71,16 @@ impl Installer {
     pub fn ensure(&mut self) -> Vec<(PathBuf, Result<()>)> {
         let mut source: Option<Vec<u8>> = None;
         let mut out = Vec::new();
-        for (dir, last) in &mut self.verified {
+        for ((dir, last), swept) in self.verified.iter_mut().zip(&mut self.swept) {
+            if swept.is_none_or(|t| t.elapsed() >= SWEEP_EVERY) {
+                *swept = Some(Instant::now());
+                for p in sweep_temps(dir, &self.name, SystemTime::now()) {
+                    crate::info!(
+                        "agent: removed {}, a temp file an interrupted install left",
+                        p.display()
+                    );
+                }
+            }
             let target = dir.join(&self.name);
             let now = seen(&target);
             // Started from this very file: nothing to install, and a newer binary put
@@ -100,6 +124,52 @@ impl Installer {
         }
         out
     }
+}
+
+/// Whether `file` is a name `replace_executable` gives a temp file for `name`:
+/// `.tmp.<name>.<pid>.<seq>` (`fsio::write_temp`'s).
+fn is_own_temp(file: &str, name: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let Some(rest) = file
+        .strip_prefix(crate::ledger::fsio::TMP_PREFIX)
+        .and_then(|r| r.strip_prefix(name))
+        .and_then(|r| r.strip_prefix('.'))
+    else {
+        return false;
+    };
+    rest.split_once('.')
+        .is_some_and(|(pid, seq)| digits(pid) && digits(seq))
+}
+
+/// Removes from `dir` the temp files an interrupted install of `name` left: our own
+/// name pattern only, regular files (never a symlink or a directory) owned by this
+/// user, unmodified for `TEMP_MAX_AGE` at `now`. Returns what it removed; never fails
+/// (what it cannot read or remove stays, to be tried at the next sweep).
+fn sweep_temps(dir: &Path, name: &str, now: SystemTime) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let uid = nix::unistd::geteuid().as_raw();
+    let mut removed = Vec::new();
+    for e in entries.flatten() {
+        if !e.file_name().to_str().is_some_and(|f| is_own_temp(f, name)) {
+            continue;
+        }
+        let path = e.path();
+        let Ok(m) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        // A modification time in the future (a clock set back) counts as fresh.
+        let old = m
+            .modified()
+            .ok()
+            .and_then(|t| now.duration_since(t).ok())
+            .is_some_and(|age| age >= TEMP_MAX_AGE);
+        if m.file_type().is_file() && m.uid() == uid && old && std::fs::remove_file(&path).is_ok() {
+            removed.push(path);
+        }
+    }
+    removed
 }
 
 fn replace_executable(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
@@ -147,6 +217,65 @@ mod tests {
         assert!(i.ensure()[0].1.is_ok());
         assert_eq!(std::fs::read(&target).unwrap(), b"new bytes");
         assert_eq!(std::fs::read_dir(&bin).unwrap().count(), 1, "temp left");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn own_temp_names_only() {
+        assert!(is_own_temp(".tmp.cni-ledger.4242.0", "cni-ledger"));
+        assert!(is_own_temp(".tmp.cni-ledger.1.17", "cni-ledger"));
+        for other in [
+            "cni-ledger",
+            ".tmp.cni-ledger",
+            ".tmp.cni-ledger.4242",
+            ".tmp.cni-ledger.4242.",
+            ".tmp.cni-ledger.4242.0.1",
+            ".tmp.cni-ledger.x.0",
+            ".tmp.cni-ledger-gc.4242.0",
+            ".tmp.bridge.4242.0",
+            ".cni-ledger.Ab12Cd", // install.sh's mktemp
+            "tmp.cni-ledger.4242.0",
+        ] {
+            assert!(!is_own_temp(other, "cni-ledger"), "{other}");
+        }
+    }
+
+    /// By the clock `now`: a temp file of ours 10 minutes unmodified goes; one younger,
+    /// or dated after `now`, stays, as do other names, symlinks and directories.
+    #[test]
+    fn sweeps_only_old_regular_temp_files_of_its_own() {
+        let dir = std::env::temp_dir().join(format!("cl-agent-sweep-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = |n: &str| {
+            std::fs::write(dir.join(n), b"x").unwrap();
+            dir.join(n)
+        };
+        let old = file(".tmp.cni-ledger.7.0");
+        let other = file(".tmp.bridge.7.0");
+        let target = file("target");
+        std::os::unix::fs::symlink(&target, dir.join(".tmp.cni-ledger.7.1")).unwrap();
+        std::fs::create_dir(dir.join(".tmp.cni-ledger.7.2")).unwrap();
+        let written = std::fs::symlink_metadata(&old).unwrap().modified().unwrap();
+        let listing = || {
+            let mut v: Vec<String> = std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            v.sort();
+            v
+        };
+        let all = listing();
+        let at = |after: Duration| sweep_temps(&dir, "cni-ledger", written + after);
+        assert!(at(TEMP_MAX_AGE - Duration::from_secs(1)).is_empty());
+        assert!(sweep_temps(&dir, "cni-ledger", written - Duration::from_secs(3600)).is_empty());
+        assert_eq!(listing(), all);
+        assert_eq!(at(TEMP_MAX_AGE), std::slice::from_ref(&old));
+        // Everything else is old by now too, and stays.
+        assert!(at(TEMP_MAX_AGE * 10).is_empty());
+        assert!(!old.exists() && other.exists() && target.exists());
+        assert!(dir.join(".tmp.cni-ledger.7.1").symlink_metadata().is_ok());
+        assert!(dir.join(".tmp.cni-ledger.7.2").is_dir());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

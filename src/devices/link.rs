@@ -1,10 +1,11 @@
 //! Netdev operations over rtnetlink (`netlink-packet-route`): the host's link names,
-//! and moving a link into another namespace under a chosen name.
+//! links' permanent hardware addresses, and moving a link into another namespace under
+//! a chosen name.
 
 use super::nl::{Conn, NLMSG_HDRLEN, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
 use netlink_packet_core::{Emitable, NlasIterator};
 use netlink_packet_route::link::{LinkAttribute, LinkMessage};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::fd::RawFd;
 
@@ -17,6 +18,10 @@ const RTM_DELLINKPROP: u16 = 109;
 const IFINFOMSG_LEN: usize = 16;
 /// `IFLA_IFNAME` from `linux/if_link.h`.
 const IFLA_IFNAME: u16 = 3;
+/// `IFLA_PERM_ADDRESS` (Linux 5.6): the address the driver read from the hardware. A
+/// process in the pod can change the link's current address, never this one; the
+/// kernel leaves it out when all zero (virtual links: veth, bridge, tap...).
+const IFLA_PERM_ADDRESS: u16 = 54;
 
 pub fn open() -> io::Result<Conn> {
     Conn::open(netlink_sys::protocols::NETLINK_ROUTE)
@@ -37,29 +42,69 @@ fn encode(kind: u16, flags: u16, link: &LinkMessage) -> Vec<u8> {
 
 /// Every link name in the socket's namespace.
 pub fn names(conn: &mut Conn) -> io::Result<HashSet<String>> {
+    let mut out = HashSet::new();
+    each_link_attr(conn, |_, kind, v| {
+        if kind == IFLA_IFNAME {
+            let v = v.split(|&b| b == 0).next().unwrap_or_default();
+            out.insert(String::from_utf8_lossy(v).into_owned());
+        }
+    })?;
+    Ok(out)
+}
+
+/// The permanent hardware address of each link of the socket's namespace that has one
+/// (by ifindex), as `aa:bb:...` in lower case. A kernel before 5.6 sends none: every
+/// link then falls to the naming rule after the MAC's.
+pub fn perm_addresses(conn: &mut Conn) -> io::Result<HashMap<u32, String>> {
+    let mut out = HashMap::new();
+    each_link_attr(conn, |index, kind, v| {
+        if let Some(mac) = (kind == IFLA_PERM_ADDRESS)
+            .then(|| perm_address(v))
+            .flatten()
+        {
+            out.insert(index, mac);
+        }
+    })?;
+    Ok(out)
+}
+
+/// An `IFLA_PERM_ADDRESS` value as text; None when empty or all zero.
+fn perm_address(v: &[u8]) -> Option<String> {
+    let hex: Vec<String> = v.iter().map(|b| format!("{b:02x}")).collect();
+    v.iter().any(|&b| b != 0).then(|| hex.join(":"))
+}
+
+/// Dumps the links of the socket's namespace and calls `f(ifindex, kind, value)` for
+/// each attribute of each. Only the attributes wanted are looked at: walking them after
+/// the ifinfomsg costs less than decoding every attribute of every link.
+fn each_link_attr(conn: &mut Conn, mut f: impl FnMut(u32, u16, &[u8])) -> io::Result<()> {
     let req = encode(
         RTM_GETLINK,
         NLM_F_REQUEST | NLM_F_DUMP,
         &LinkMessage::default(),
     );
-    let mut out = HashSet::new();
     for frame in conn.request(req)? {
         if frame.kind != RTM_NEWLINK {
             continue;
         }
-        // Only the name is needed: walk the attributes after the ifinfomsg rather than
-        // decoding every attribute of every host link.
-        let attrs = frame.payload().get(IFINFOMSG_LEN..).unwrap_or_default();
-        for nla in NlasIterator::new(attrs) {
-            let nla = nla.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-            if nla.kind() == IFLA_IFNAME {
-                let v = nla.value();
-                let v = v.split(|&b| b == 0).next().unwrap_or_default();
-                out.insert(String::from_utf8_lossy(v).into_owned());
-            }
-        }
+        walk_link(frame.payload(), &mut f)?;
     }
-    Ok(out)
+    Ok(())
+}
+
+/// One RTM_NEWLINK payload (ifinfomsg, then attributes): `f(ifindex, kind, value)` per
+/// attribute.
+fn walk_link(payload: &[u8], f: &mut impl FnMut(u32, u16, &[u8])) -> io::Result<()> {
+    // ifinfomsg: family (1), pad (1), type (2), index (4), flags (4), change (4).
+    let index = payload
+        .get(4..8)
+        .map_or(0, |b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+    let attrs = payload.get(IFINFOMSG_LEN..).unwrap_or_default();
+    for nla in NlasIterator::new(attrs) {
+        let nla = nla.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        f(index, nla.kind(), nla.value());
+    }
+    Ok(())
 }
 
 /// The request that moves link `index` (of the socket's namespace) into the namespace
@@ -145,6 +190,76 @@ mod tests {
         assert_eq!(u32::from_ne_bytes(attrs[4..8].try_into().unwrap()), 9);
         assert_eq!(attrs[8..12], [11, 0, 3, 0]);
         assert_eq!(&attrs[12..19], b"ens9f0\0");
+    }
+
+    /// An RTM_NEWLINK payload as the kernel sends it: ifinfomsg for link 7, then
+    /// IFLA_ADDRESS (1, the current address the pod can set), IFLA_IFNAME and
+    /// IFLA_PERM_ADDRESS when given.
+    fn newlink(perm: Option<[u8; 6]>) -> Vec<u8> {
+        let mut p = vec![0u8; IFINFOMSG_LEN];
+        p[4..8].copy_from_slice(&7i32.to_ne_bytes());
+        let mut attr = |kind: u16, v: &[u8]| {
+            p.extend_from_slice(&((4 + v.len()) as u16).to_ne_bytes());
+            p.extend_from_slice(&kind.to_ne_bytes());
+            p.extend_from_slice(v);
+            p.resize((p.len() + 3) & !3, 0);
+        };
+        attr(1, &[0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0xee]);
+        attr(IFLA_IFNAME, b"net1\0");
+        if let Some(m) = perm {
+            attr(IFLA_PERM_ADDRESS, &m);
+        }
+        p
+    }
+
+    fn perm_of(payload: &[u8]) -> Option<(u32, String)> {
+        let mut found = None;
+        walk_link(payload, &mut |i, k, v| {
+            if k == IFLA_PERM_ADDRESS {
+                found = perm_address(v).map(|m| (i, m));
+            }
+        })
+        .unwrap();
+        found
+    }
+
+    #[test]
+    fn the_permanent_address_never_the_current_one() {
+        let nic = newlink(Some([0x52, 0x54, 0x00, 0x12, 0x34, 0xAB]));
+        assert_eq!(perm_of(&nic), Some((7, "52:54:00:12:34:ab".into())));
+        // A virtual link: no permanent address, whatever its current one.
+        assert_eq!(perm_of(&newlink(None)), None);
+        assert_eq!(perm_of(&newlink(Some([0; 6]))), None);
+        assert_eq!(perm_address(&[]), None);
+    }
+
+    /// This namespace's links, read through rtnetlink as naming reads them: a link whose
+    /// address is still the permanent one its driver set (`addr_assign_type` 0, never
+    /// changed since) has it as its permanent address; `lo` (all zero) has none. (A
+    /// virtual link's lack of one is shown by tests/devices.rs on a veth.)
+    #[test]
+    fn permanent_addresses_of_this_namespace_agree_with_sysfs() {
+        let mut c = open().unwrap();
+        let perm = perm_addresses(&mut c).unwrap();
+        let sys = std::path::Path::new("/sys/class/net");
+        let read = |n: &str, f: &str| {
+            std::fs::read_to_string(sys.join(n).join(f))
+                .map(|s| s.trim().to_string())
+                .ok()
+        };
+        for e in std::fs::read_dir(sys).unwrap().flatten() {
+            let n = e.file_name().into_string().unwrap();
+            let Some(i) = read(&n, "ifindex").and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            let addr = read(&n, "address").filter(|a| a.len() == 17);
+            if let (Some("0"), Some(a)) = (read(&n, "addr_assign_type").as_deref(), addr) {
+                if a != "00:00:00:00:00:00" {
+                    assert_eq!(perm.get(&i), Some(&a), "{n}");
+                }
+            }
+        }
+        assert_eq!(perm.get(&1), None, "lo");
     }
 
     #[test]

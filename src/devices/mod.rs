@@ -291,8 +291,7 @@ fn move_to_host_from_pod_ns(
             return out;
         }
     };
-    let chosen = select::select(&links, patterns);
-    if chosen.is_empty() {
+    if select::select(&links, patterns).is_empty() {
         return out;
     }
     let mut conn = match link::open() {
@@ -306,7 +305,9 @@ fn move_to_host_from_pod_ns(
             return out;
         }
     };
-    for l in chosen {
+    let mut links = links;
+    fill_perm_macs(&mut conn, &mut links);
+    for l in select::select(&links, patterns) {
         let rec = recorded
             .iter()
             .find(|r| r.is(l))
@@ -347,6 +348,16 @@ fn move_to_host_from_pod_ns(
         }
     }
     out
+}
+
+/// Gives each of `links` its permanent hardware address, as `conn`'s namespace has it.
+/// Unreadable counts as none: the link then gets the name after the MAC's (`devN`),
+/// which is neutral too.
+pub(crate) fn fill_perm_macs(conn: &mut nl::Conn, links: &mut [select::PodLink]) {
+    let perm = link::perm_addresses(conn).unwrap_or_default();
+    for l in links {
+        l.perm_mac = perm.get(&l.ifindex).cloned();
+    }
 }
 
 /// Moves every RDMA device bound to the thread's namespace (exclusive mode) to `host_fd`.

@@ -5,8 +5,9 @@
 //! later ADD on the node's bridge). In order: the host name recorded when the chain
 //! completed (`Recorded`, the alias a driver left before the pod's containers could
 //! run) when valid and free on the host; else udev's predictable name from the PCI
-//! address (`enp3s0`, `enp3s0f1`, `enP1p175s31f7d1`); else from the MAC (`enx<mac>`);
-//! else the first free `devN`. A clash is never resolved by renaming a host link.
+//! address (`enp3s0`, `enp3s0f1`, `enP1p175s31f7d1`); else from the permanent hardware
+//! address (`enx<mac>`; the current MAC is the pod's to set, so never that); else the
+//! first free `devN`. A clash is never resolved by renaming a host link.
 
 use super::select::{pci_address, PodLink};
 use std::collections::HashSet;
@@ -30,7 +31,7 @@ impl Source {
             Source::Recorded => "name recorded at ADD",
             Source::Slot => "hotplug slot",
             Source::BusAddress => "bus address",
-            Source::Mac => "MAC address",
+            Source::Mac => "permanent MAC address",
             Source::Counter => "first free devN",
         }
     }
@@ -119,7 +120,12 @@ pub fn choose(link: &PodLink, recorded: Option<&str>, taken: &HashSet<String>) -
     {
         return (name, Source::BusAddress);
     }
-    if let Some(name) = link.mac.as_deref().and_then(from_mac).filter(|n| free(n)) {
+    if let Some(name) = link
+        .perm_mac
+        .as_deref()
+        .and_then(from_mac)
+        .filter(|n| free(n))
+    {
         return (name, Source::Mac);
     }
     // A host has far fewer than 2^32 links, so a free devN always exists.
@@ -145,7 +151,7 @@ mod tests {
             loopback: false,
             pci_multifunction: false,
             dev_port: 0,
-            mac: Some("02:AB:cd:00:00:07".into()),
+            perm_mac: Some("02:AB:cd:00:00:07".into()),
             pci_slot: None,
         }
     }
@@ -218,18 +224,21 @@ mod tests {
     }
 
     #[test]
-    fn virtual_link_without_bus_address_is_named_by_its_mac() {
+    fn link_without_bus_address_is_named_by_its_permanent_mac() {
         let l = link("dev0", Some("ens9f0"), None);
         assert_eq!(
             choose(&l, None, &taken(&["dev0"])),
             ("enx02abcd000007".into(), Source::Mac)
         );
-        let mut no_mac = l.clone();
-        no_mac.mac = Some("00:00:00:00:00:00".into());
-        assert_eq!(
-            choose(&no_mac, None, &taken(&["dev0"])),
-            ("dev1".into(), Source::Counter)
-        );
+        // A virtual link has no permanent address (none, or all zero): devN.
+        for perm in [None, Some("00:00:00:00:00:00".to_string())] {
+            let mut no_mac = l.clone();
+            no_mac.perm_mac = perm;
+            assert_eq!(
+                choose(&no_mac, None, &taken(&["dev0"])),
+                ("dev1".into(), Source::Counter)
+            );
+        }
     }
 
     #[test]
@@ -271,8 +280,9 @@ mod tests {
         assert!(valid_ifname("eth0") && !valid_ifname("eth0\n"));
     }
 
-    /// What udev's names need: the PCI header type (multi-function), `dev_port` and
-    /// the MAC, read from sysfs, never from the link's name or alias.
+    /// What udev's names need: the PCI header type (multi-function) and `dev_port`, read
+    /// from sysfs, never from the link's name or alias; and not the current `address`
+    /// there, which the pod can set (the permanent one comes from rtnetlink).
     #[test]
     fn scan_reads_what_predictable_names_need() {
         let t = crate::devices::select::fake::Tree::new("udev");
@@ -293,7 +303,7 @@ mod tests {
         let (n1, n2, n3) = (by("net1"), by("net2"), by("net3"));
         assert!(n1.pci_multifunction && !n2.pci_multifunction && n3.pci_multifunction);
         assert_eq!((n1.dev_port, n2.dev_port), (1, 0));
-        assert_eq!(n1.mac.as_deref(), Some("02:00:00:00:00:03"));
+        assert_eq!(n1.perm_mac, None);
         let none = HashSet::new();
         assert_eq!(
             choose(&n1, None, &none),

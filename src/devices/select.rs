@@ -30,8 +30,10 @@ pub struct PodLink {
     pub pci_multifunction: bool,
     /// `dev_port`: which port of a PCI function that drives several (0: the first).
     pub dev_port: u32,
-    /// The MAC address (`address`), for the `enx<mac>` name of a link with no PCI address.
-    pub mac: Option<String>,
+    /// The permanent hardware address (rtnetlink's, filled by `devices::fill_perm_macs`;
+    /// sysfs has none), for the `enx<mac>` name of a link with no PCI address. Never the
+    /// current `address`: a process in the pod can set that.
+    pub perm_mac: Option<String>,
     /// The hotplug slot number firmware gives the PCI device's slot (`/sys/bus/pci/slots/
     /// N/address`), from which udev names the link `ens<N>` before any path name.
     pub pci_slot: Option<u32>,
@@ -141,7 +143,7 @@ pub fn scan(class_net: &Path) -> io::Result<Vec<PodLink>> {
             loopback,
             pci_multifunction,
             dev_port: read_number(&dir.join("dev_port")).unwrap_or(0),
-            mac: read_trimmed(&dir.join("address")),
+            perm_mac: None,
             pci_slot,
         });
     }

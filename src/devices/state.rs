@@ -246,9 +246,12 @@ pub fn give_back_returned(
     skip: &[String],
 ) -> Vec<Repaired> {
     let class_net = Path::new("/sys/class/net");
-    let Ok(links) = select::scan(class_net) else {
+    let Ok(mut links) = select::scan(class_net) else {
         return Vec::new();
     };
+    if let Ok(mut conn) = link::open() {
+        super::fill_perm_macs(&mut conn, &mut links);
+    }
     let up = |n: &str| is_up(class_net, n);
     apply(
         &plan_returned(&links, recorded, skip, &up),
@@ -262,9 +265,12 @@ pub fn give_back_returned(
 /// host name and state. Never a link that is up, nor one under another name.
 pub fn repair(ledger: &Ledger, key: &Key, recorded: &[Recorded]) -> Vec<Repaired> {
     let class_net = Path::new("/sys/class/net");
-    let Ok(links) = select::scan(class_net) else {
+    let Ok(mut links) = select::scan(class_net) else {
         return Vec::new();
     };
+    if let Ok(mut conn) = link::open() {
+        super::fill_perm_macs(&mut conn, &mut links);
+    }
     let up = |n: &str| is_up(class_net, n);
     apply(&plan(&links, recorded, &up), &load(ledger, key))
 }
@@ -408,7 +414,7 @@ mod tests {
             loopback: false,
             pci_multifunction: false,
             dev_port: 0,
-            mac: Some("52:54:00:12:34:56".into()),
+            perm_mac: Some("52:54:00:12:34:56".into()),
             pci_slot: None,
         }
     }

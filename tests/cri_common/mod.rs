@@ -7,10 +7,11 @@
 //! `/run/containerd` or `/etc/cni/net.d` are fresh tmpfs, so the machine's stay untouched.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::common::*;
@@ -151,8 +152,28 @@ pub fn build_pause_image(dir: &Path) -> PathBuf {
 /// lives as long as its holder process (`sleep`).
 pub struct PrivateRun {
     holder: Child,
-    /// Mount points made on the machine for it.
-    made: Vec<PathBuf>,
+    /// The machine's paths it mounts over.
+    dirs: Vec<PathBuf>,
+}
+
+/// Per machine path a `PrivateRun` of this process mounts over: how many live ones do,
+/// and whether one made the path (it was missing). A made path is removed by the last
+/// one out only: removing a directory detaches every mount on it in every mount
+/// namespace (Linux ≥ 3.18), so an earlier removal would take another test's tmpfs.
+static OVER: Mutex<Option<HashMap<PathBuf, (usize, bool)>>> = Mutex::new(None);
+
+/// Whether any process of the machine's (another test binary's, say) has a mount at
+/// `dir` in its mount namespace.
+fn mounted_anywhere(dir: &Path) -> bool {
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return true;
+    };
+    procs.flatten().any(|e| {
+        fs::read_to_string(e.path().join("mountinfo"))
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.split(' ').nth(4).map(Path::new) == Some(dir))
+    })
 }
 
 impl PrivateRun {
@@ -162,15 +183,22 @@ impl PrivateRun {
     }
 
     /// A fresh tmpfs over each of `dirs` (made on the machine first when missing, and
-    /// removed again after), in a mount namespace of its own.
+    /// removed again after the last of this process's `PrivateRun`s over it), in a
+    /// mount namespace of its own.
     pub fn over(dirs: &[&str]) -> PrivateRun {
-        let mut made = Vec::new();
+        let mut over = OVER.lock().unwrap_or_else(|e| e.into_inner());
         for d in dirs {
+            let e = over
+                .get_or_insert_with(HashMap::new)
+                .entry(PathBuf::from(d))
+                .or_insert((0, false));
             if !Path::new(d).exists() {
                 fs::create_dir_all(d).unwrap();
-                made.push(PathBuf::from(d));
+                e.1 = true;
             }
+            e.0 += 1;
         }
+        drop(over);
         let mounts: Vec<String> = dirs
             .iter()
             .map(|d| format!("mount -t tmpfs -o mode=0755 cl-test {d}"))
@@ -190,7 +218,10 @@ impl PrivateRun {
             .read_line(&mut line)
             .unwrap();
         assert_eq!(line.trim(), "up", "private mounts not made: {dirs:?}");
-        PrivateRun { holder, made }
+        PrivateRun {
+            holder,
+            dirs: dirs.iter().map(PathBuf::from).collect(),
+        }
     }
 
     /// Its root as the test reaches it; the node's root for an agent that is given it.
@@ -212,8 +243,22 @@ impl Drop for PrivateRun {
     fn drop(&mut self) {
         let _ = self.holder.kill();
         let _ = self.holder.wait();
-        for d in self.made.iter().rev() {
-            let _ = fs::remove_dir(d);
+        let mut over = OVER.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(over) = over.as_mut() else {
+            return;
+        };
+        for d in self.dirs.iter().rev() {
+            let Some(e) = over.get_mut(d) else {
+                continue;
+            };
+            e.0 -= 1;
+            if e.0 == 0 {
+                // Left in place while a mount of another process is on it.
+                if e.1 && !mounted_anywhere(d) {
+                    let _ = fs::remove_dir(d);
+                }
+                over.remove(d);
+            }
         }
     }
 }
