@@ -8,7 +8,7 @@ use crate::ledger::record::{self, ChainNote, Decoded, Record};
 use crate::ledger::Ledger;
 use std::collections::BTreeMap;
 
-pub use crate::chain::DEFAULT_LEFT_AFTER_SECS;
+pub use crate::chain::{Now, DEFAULT_LEFT_AFTER_SECS};
 
 /// The fields of a record the chain's metrics need (the chain's spec): what the watcher
 /// keeps per record, without the chain's result.
@@ -65,14 +65,9 @@ impl View {
             .or_else(|| crate::chain::add_seconds(self.created_boot_ns, c.completed_boot_ns?))
     }
 
-    /// Age in seconds: on the boot clock within the boot that made it, else the wall clock.
+    /// Age in seconds (`chain::age_secs_at`).
     fn age_secs(&self, now: &Now) -> Option<i64> {
-        match (self.created_boot_ns, now.boot_ns) {
-            (Some(then), Some(up)) if self.boot_id == now.boot_id => {
-                i64::try_from(up.saturating_sub(then) / 1_000_000_000).ok()
-            }
-            _ => crate::time::parse_rfc3339(&self.created_at).map(|t| now.unix - t),
-        }
+        crate::chain::age_secs_at(&self.boot_id, self.created_boot_ns, &self.created_at, now)
     }
 
     /// The record's chain state, by the rule `list` uses (`chain::classify`).
@@ -93,23 +88,6 @@ impl View {
     /// A chain with a tail whose ADD never completed, no DEL begun, older than `left_after`.
     pub fn failed_left(&self, now: &Now, left_after_secs: u64) -> bool {
         self.state(self.age_secs(now), left_after_secs) == State::FailedLeft
-    }
-}
-
-/// The clocks a classification reads.
-pub struct Now {
-    pub boot_id: String,
-    pub boot_ns: Option<u64>,
-    pub unix: i64,
-}
-
-impl Now {
-    pub fn read() -> Now {
-        Now {
-            boot_id: crate::sandbox::boot_id().unwrap_or_default(),
-            boot_ns: boot_ns(),
-            unix: crate::time::now(),
-        }
     }
 }
 
