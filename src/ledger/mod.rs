@@ -170,6 +170,28 @@ impl Ledger {
     pub fn record_path(&self, stem: &str) -> PathBuf {
         self.records_dir().join(format!("{stem}{RECORD_EXT}"))
     }
+    /// The directories an ADD writes into (its record, the conflist's snapshot, the
+    /// key's lock): what readiness checks are there and writable.
+    pub fn add_dirs(&self) -> [PathBuf; 3] {
+        [self.records_dir(), self.snapshots_dir(), self.locks_dir()]
+    }
+
+    /// The metadata of the directory records are in (following a symlink): DEL's first
+    /// look, telling no ledger from one it cannot reach.
+    pub fn records_metadata(&self) -> io::Result<std::fs::Metadata> {
+        std::fs::metadata(self.records_dir())
+    }
+
+    /// Whether a record could be written now (STATUS): a temp file made and removed
+    /// where records are written; the error names the directory.
+    pub fn probe_writable(&self) -> Result<()> {
+        let dir = self.records_dir();
+        let name = format!("{}status-probe.{}", fsio::TMP_PREFIX, std::process::id());
+        std::fs::write(dir.join(&name), b"")
+            .and_then(|()| std::fs::remove_file(dir.join(&name)))
+            .with_context(|| format!("probing {}", dir.display()))
+    }
+
     /// Where the device notes and the host's links kept at ADD live (src/devices/).
     pub fn devices_dir(&self) -> PathBuf {
         self.root.join("devices")
