@@ -1,7 +1,7 @@
 //! What the chain's metrics read of a record (the chain's spec): `tail`, `createdBootNs`
 //! and the tail's `chain` notes (its note file, or the record's own `chain`), decoded by
-//! the ledger's own decoders,
-//! and the failed-left classification `gc --metrics-file` and the agent's watcher share.
+//! the ledger's own decoders, and the failed-left classification the agent's watcher
+//! makes of them (by `crate::chain`'s rule and clocks, as gc's scan does of a record).
 
 use crate::chain::State;
 use crate::ledger::record::{self, ChainNote, Decoded, Record};
@@ -96,8 +96,8 @@ pub fn boot_ns() -> Option<u64> {
     crate::time::since_boot_ns()
 }
 
-/// Records failed-left now, by network, from one scan of the ledger: what `gc
-/// --metrics-file` exports without the agent.
+/// Records failed-left now, by network, from one scan of the ledger (the watcher's
+/// tests check its count against it).
 pub fn failed_left_by_network(ledger: &Ledger, left_after_secs: u64) -> BTreeMap<String, i64> {
     let now = Now::read();
     let mut out = BTreeMap::new();
