@@ -83,6 +83,47 @@ pub fn classify(
     }
 }
 
+/// The clocks a record's age is read on: its boot, CLOCK_BOOTTIME, the wall clock.
+pub struct Now {
+    pub boot_id: String,
+    pub boot_ns: Option<u64>,
+    pub unix: i64,
+}
+
+impl Now {
+    pub fn read() -> Now {
+        Now {
+            boot_id: crate::sandbox::boot_id().unwrap_or_default(),
+            boot_ns: crate::time::since_boot_ns(),
+            unix: crate::time::now(),
+        }
+    }
+}
+
+/// Age in seconds of a record made in `boot_id` at `created_boot_ns` (CLOCK_BOOTTIME)
+/// and `created_at` (RFC 3339): on the boot clock within the boot that made it, else
+/// the wall clock.
+pub fn age_secs_at(
+    boot_id: &str,
+    created_boot_ns: Option<u64>,
+    created_at: &str,
+    now: &Now,
+) -> Option<i64> {
+    match (created_boot_ns, now.boot_ns) {
+        (Some(then), Some(up)) if boot_id == now.boot_id => {
+            i64::try_from(up.saturating_sub(then) / 1_000_000_000).ok()
+        }
+        _ => crate::time::parse_rfc3339(created_at).map(|t| now.unix - t),
+    }
+}
+
+/// Whether `rec` is failed-left at `now` (`State::FailedLeft`), its age read as the
+/// metrics read it (`age_secs_at`): what gc's scan counts for `--metrics-file`.
+pub fn failed_left(rec: &Record, now: &Now, left_after_secs: u64) -> bool {
+    let age = age_secs_at(&rec.boot_id, rec.created_boot_ns, &rec.created_at, now);
+    classify(rec.tail, rec.chain.as_ref(), age, left_after_secs) == State::FailedLeft
+}
+
 /// Whether `rec`'s ADD may still be in the chain, so that its tail may still come: a
 /// tail is expected and has not completed it, the record is of this boot (`boot_id`),
 /// and it is younger than `left_after_secs` (or its age is unknown). Such a record is

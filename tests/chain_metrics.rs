@@ -243,6 +243,60 @@ fn gc_metrics_file_carries_failed_left_and_headroom_without_the_agent() {
     f.del("c-left", "eth0", Some(&ns.path_str()), None).unwrap();
 }
 
+/// gc's metrics come from its own scan of the records, less what the run removed: the
+/// record it replayed is no longer counted, the one it left is, and host-local's
+/// address of the replayed one is free again.
+#[test]
+fn gc_metrics_file_counts_the_records_the_run_left() {
+    require_root!();
+    let f = Fixture::new();
+    let stays = Netns::new();
+    let mut goes = Netns::new();
+    for (cid, ns) in [("c-stays", &stays), ("c-goes", &goes)] {
+        f.add(cid, "eth0", Some(&ns.path_str()), None)
+            .unwrap_or_else(|e| panic!("ADD {cid}: {e}"));
+    }
+    goes.delete();
+    let file = f.tmp.path().join("left.prom");
+    let (out, rep) = f.gc(&[
+        "--grace",
+        "0",
+        "--conf-dir",
+        f.conf_dir.to_str().unwrap(),
+        "--metrics-file",
+        file.to_str().unwrap(),
+    ]);
+    let rep = rep.unwrap_or_else(|| panic!("gc: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(rep["summary"]["replayed"], json!(1), "{rep:#}");
+    assert_eq!(rep["summary"]["live"], json!(1), "{rep:#}");
+    let m = fs::read_to_string(&file).unwrap();
+    let net = &f.network;
+    assert_eq!(
+        sample(&m, &format!("cni_ledger_records{{network=\"{net}\"}}")),
+        Some(1.0),
+        "the replayed record is gone from the count: {m}"
+    );
+    assert_eq!(
+        sample(&m, "cni_ledger_replays_total{outcome=\"replayed\"}"),
+        Some(1.0),
+        "{m}"
+    );
+    let range = format!("{p}.1-{p}.254", p = f.subnet_prefix);
+    assert_eq!(
+        sample(
+            &m,
+            &format!("cni_ledger_addresses_used{{network=\"{net}\",range=\"{range}\"}}")
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    promtool_check(&m);
+    assert!(f.record_path("c-stays", "eth0").exists());
+    assert!(!f.record_path("c-goes", "eth0").exists());
+    f.del("c-stays", "eth0", Some(&stays.path_str()), None)
+        .unwrap();
+}
+
 /// A node whose pod range comes from the runtime (`ipRanges`, as containerd passes the
 /// node's pod CIDR) and not from the conflist: host-local hands addresses out of it, the
 /// ledger's record keeps it, and the headroom counts it. (A range in both places would

@@ -15,11 +15,13 @@ pub fn run(shared: &Shared, opts: &Options, stop: &Stop) {
         let t0 = Instant::now();
         let mut gc = opts.gc.clone();
         gc.cri = ask_runtimes(opts, shared, &mut seen);
+        let mut left = None;
         match crate::gc::run(&gc) {
-            Ok(report) => {
+            Ok(mut report) => {
                 shared
                     .metrics
                     .observe_gc(&report, t0.elapsed().as_secs_f64());
+                left = report.records_left.take();
                 if let Ok(mut refused) = shared.cri_refused.lock() {
                     *refused = report.cri_refused;
                 }
@@ -29,9 +31,13 @@ pub fn run(shared: &Shared, opts: &Options, stop: &Stop) {
                 shared.metrics.observe_gc_error(t0.elapsed().as_secs_f64());
             }
         }
-        let runtime_ranges = shared
-            .metrics
-            .observe_ledger(&Ledger::at(&opts.gc.ledger_dir));
+        // The run's scan counted the records it left; only a run that scanned none
+        // leaves it to a walk of the ledger here. Failed-left ones are the watcher's.
+        let ledger = Ledger::at(&opts.gc.ledger_dir);
+        let runtime_ranges = match left {
+            Some(left) => shared.metrics.observe_records_left(&ledger, left, false),
+            None => shared.metrics.observe_ledger(&ledger),
+        };
         headroom(shared, opts, &runtime_ranges);
         if stop.requested() || stop.sleep(opts.gc_interval) {
             return;

@@ -105,11 +105,7 @@ impl Status {
 pub fn ledger_usable(dir: &Path) -> anyhow::Result<()> {
     let ledger = Ledger::open_for_write(dir)?;
     ledger.check_trusted()?;
-    for sub in [
-        ledger.records_dir(),
-        ledger.snapshots_dir(),
-        ledger.locks_dir(),
-    ] {
+    for sub in ledger.add_dirs() {
         let meta = std::fs::metadata(&sub).map_err(|e| {
             anyhow::anyhow!(
                 "{} is missing ({e}): ADDs cannot be recorded; restore it (mkdir -m 0700) \

@@ -102,12 +102,14 @@ pub fn run(args: Args) -> Result<i32> {
         });
     }
     let started = std::time::Instant::now();
-    let result = gc::run(&opts);
+    let mut result = gc::run(&opts);
     if let Some(path) = &args.metrics_file {
+        let left = result.as_mut().ok().and_then(|r| r.records_left.take());
         write_metrics(
             path,
             &opts,
             result.as_ref().ok(),
+            left,
             &answers,
             started.elapsed(),
         );
@@ -126,6 +128,7 @@ fn write_metrics(
     path: &std::path::Path,
     opts: &gc::Options,
     report: Option<&Report>,
+    left: Option<gc::RecordsLeft>,
     cri: &[crate::cri::Answer],
     took: Duration,
 ) {
@@ -135,10 +138,13 @@ fn write_metrics(
         Some(r) => m.observe_gc(r, took.as_secs_f64()),
         None => m.observe_gc_error(took.as_secs_f64()),
     }
-    let runtime_ranges = m.observe_ledger_and_failed_left(
-        &crate::ledger::Ledger::at(&opts.ledger_dir),
-        opts.chain_left_after_secs,
-    );
+    let ledger = crate::ledger::Ledger::at(&opts.ledger_dir);
+    // The run's own scan counted what it left; a run that scanned nothing (an error,
+    // no ledger) leaves the counting to one walk here, as before.
+    let runtime_ranges = match left {
+        Some(left) => m.observe_records_left(&ledger, left, true),
+        None => m.observe_ledger_and_failed_left(&ledger, opts.chain_left_after_secs),
+    };
     let conf_dir = opts
         .conf_dir
         .as_deref()

@@ -6,7 +6,7 @@
 //! rename, directory fsync, 0600), which `list` shows until an operator removes it.
 
 use super::Failure;
-use crate::ledger::{fsio, Key, Ledger};
+use crate::ledger::{fsio, DeviceFile, Key, Ledger};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::os::unix::fs::DirBuilderExt;
@@ -25,10 +25,6 @@ pub struct Note {
     pub failures: Vec<Failure>,
 }
 
-pub fn dir(ledger: &Ledger) -> PathBuf {
-    ledger.devices_dir()
-}
-
 pub fn write(ledger: &Ledger, key: &Key, netns: &str, failures: &[Failure]) -> Result<PathBuf> {
     let note = Note {
         network: key.network.clone(),
@@ -38,35 +34,30 @@ pub fn write(ledger: &Ledger, key: &Key, netns: &str, failures: &[Failure]) -> R
         at: crate::time::rfc3339(crate::time::now()),
         failures: failures.to_vec(),
     };
-    write_keyed(ledger, &dir(ledger), key, &note)
+    write_keyed(ledger, DeviceFile::Failure, key, &note)
 }
 
-/// Writes `value` as `<dir>/<key's stem>.json`, atomically; `dir` is the devices
-/// directory or one beneath it, made (checked) as needed. One line of JSON.
+/// Writes `value` as `key`'s file of this kind (`Ledger::device_file_path`),
+/// atomically, its directory made (checked) as needed. One line of JSON.
 pub(super) fn write_keyed(
     ledger: &Ledger,
-    dir: &Path,
+    kind: DeviceFile,
     key: &Key,
     value: &impl Serialize,
 ) -> Result<PathBuf> {
-    let top = self::dir(ledger);
+    let top = ledger.devices_dir();
+    let dir = ledger.device_files_dir(kind);
     mkdir_checked(&top, ledger.root())?;
     if dir != top {
-        mkdir_checked(dir, &top)?;
+        mkdir_checked(&dir, &top)?;
     }
-    let name = format!("{}.json", key.stem());
+    let dir = dir.as_path();
+    let name = Ledger::device_file_name(key);
     let mut bytes = serde_json::to_vec(value)?;
     bytes.push(b'\n');
     fsio::write_atomic(dir, &name, &bytes, "devices")
         .with_context(|| format!("writing {}", dir.join(&name).display()))?;
     Ok(dir.join(name))
-}
-
-/// Where DEL keeps the links whose alias disagreed with the recorded host name, one
-/// file per attachment, until an operator removes them (counted by the metric
-/// `cni_ledger_device_alias_mismatches`).
-pub fn mismatch_dir(ledger: &Ledger) -> PathBuf {
-    dir(ledger).join("alias-mismatch")
 }
 
 pub(super) fn mkdir_checked(dir: &Path, parent: &Path) -> Result<()> {
@@ -92,35 +83,22 @@ pub fn write_mismatches(
         "network": key.network, "containerId": key.container_id, "ifname": key.ifname,
         "at": crate::time::rfc3339(crate::time::now()), "mismatches": mismatches,
     });
-    write_keyed(ledger, &mismatch_dir(ledger), key, &body)
+    // Kept, one file per attachment, until an operator removes them (counted by the
+    // metric `cni_ledger_device_alias_mismatches`).
+    write_keyed(ledger, DeviceFile::AliasMismatch, key, &body)
 }
 
-/// How many attachments' alias mismatches are kept (files in `mismatch_dir`).
+/// How many attachments' alias mismatches are kept.
 pub fn mismatch_count(ledger: &Ledger) -> usize {
-    std::fs::read_dir(mismatch_dir(ledger))
-        .map(|rd| {
-            rd.flatten()
-                .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
-                .count()
-        })
-        .unwrap_or(0)
+    ledger.device_file_count(DeviceFile::AliasMismatch)
 }
 
 /// Every note, oldest first; one that does not read or decode is reported as such.
 pub fn read_all(ledger: &Ledger) -> Vec<(PathBuf, Result<Note, String>)> {
-    let dir = dir(ledger);
-    let Ok(rd) = std::fs::read_dir(&dir) else {
-        return Vec::new();
-    };
-    let mut out: Vec<(PathBuf, Result<Note, String>)> = rd
-        .flatten()
-        .filter(|e| {
-            let n = e.file_name();
-            let n = n.to_string_lossy();
-            n.ends_with(".json") && !n.starts_with(fsio::TMP_PREFIX)
-        })
-        .map(|e| {
-            let path = e.path();
+    let mut out: Vec<(PathBuf, Result<Note, String>)> = ledger
+        .device_files(DeviceFile::Failure)
+        .into_iter()
+        .map(|path| {
             let note = read(&path);
             (path, note)
         })

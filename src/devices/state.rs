@@ -12,7 +12,7 @@
 //! tail recorded, renames it by the rule DEL uses, and puts its state back.
 
 use super::{link, naming, select, Recorded};
-use crate::ledger::{fsio, Key, Ledger};
+use crate::ledger::{fsio, DeviceFile, Key, Ledger};
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -64,20 +64,16 @@ pub fn snapshot(class_net: &Path) -> Vec<HostLink> {
     out
 }
 
-pub fn host_dir(ledger: &Ledger) -> PathBuf {
-    super::failure_note::dir(ledger).join("host")
-}
-
 /// The head's part at ADD: keep the host's hardware links as they are now. A failure
 /// costs only the state's return later, never the ADD.
 pub fn remember(ledger: &Ledger, key: &Key) -> Result<()> {
     let links = snapshot(Path::new("/sys/class/net"));
-    super::failure_note::write_keyed(ledger, &host_dir(ledger), key, &links).map(drop)
+    super::failure_note::write_keyed(ledger, DeviceFile::HostLinks, key, &links).map(drop)
 }
 
 pub fn load(ledger: &Ledger, key: &Key) -> Vec<HostLink> {
     fsio::read_nofollow(
-        &host_dir(ledger).join(format!("{}.json", key.stem())),
+        &ledger.device_file_path(DeviceFile::HostLinks, key),
         MAX_FILE,
     )
     .ok()
@@ -86,7 +82,7 @@ pub fn load(ledger: &Ledger, key: &Key) -> Vec<HostLink> {
 }
 
 pub fn forget(ledger: &Ledger, key: &Key) {
-    let _ = std::fs::remove_file(host_dir(ledger).join(format!("{}.json", key.stem())));
+    let _ = std::fs::remove_file(ledger.device_file_path(DeviceFile::HostLinks, key));
 }
 
 /// What a returned link was set to on the host.
@@ -322,12 +318,8 @@ fn restore_name_only(name: &str, rename_from: Option<&str>) -> Result<(), String
         .map_err(|e| format!("renaming {from} to {name}: {e}"))
 }
 
-/// Where gc keeps what it repaired, one file per attachment, until an operator removes
-/// it: `list` shows them, the metric `cni_ledger_devices_repaired` counts them.
-pub fn repaired_dir(ledger: &Ledger) -> PathBuf {
-    super::failure_note::dir(ledger).join("repaired")
-}
-
+/// Keeps what gc repaired, one file per attachment, until an operator removes it:
+/// `list` shows them, the metric `cni_ledger_devices_given_back` counts them.
 pub fn write_repaired(ledger: &Ledger, key: &Key, repaired: &[Repaired]) -> Result<PathBuf> {
     let body = RepairNote {
         network: key.network.clone(),
@@ -336,7 +328,7 @@ pub fn write_repaired(ledger: &Ledger, key: &Key, repaired: &[Repaired]) -> Resu
         at: crate::time::rfc3339(crate::time::now()),
         devices: repaired.to_vec(),
     };
-    super::failure_note::write_keyed(ledger, &repaired_dir(ledger), key, &body)
+    super::failure_note::write_keyed(ledger, DeviceFile::Repaired, key, &body)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -350,18 +342,10 @@ pub struct RepairNote {
 }
 
 pub fn read_repaired(ledger: &Ledger) -> Vec<(PathBuf, RepairNote)> {
-    let Ok(rd) = std::fs::read_dir(repaired_dir(ledger)) else {
-        return Vec::new();
-    };
-    let mut out: Vec<(PathBuf, RepairNote)> = rd
-        .flatten()
-        .filter(|e| {
-            let n = e.file_name();
-            let n = n.to_string_lossy();
-            n.ends_with(".json") && !n.starts_with(fsio::TMP_PREFIX)
-        })
-        .filter_map(|e| {
-            let p = e.path();
+    let mut out: Vec<(PathBuf, RepairNote)> = ledger
+        .device_files(DeviceFile::Repaired)
+        .into_iter()
+        .filter_map(|p| {
             let b = fsio::read_nofollow(&p, MAX_FILE).ok()?;
             Some((p, serde_json::from_slice(&b).ok()?))
         })
@@ -371,13 +355,7 @@ pub fn read_repaired(ledger: &Ledger) -> Vec<(PathBuf, RepairNote)> {
 }
 
 pub fn repaired_count(ledger: &Ledger) -> usize {
-    std::fs::read_dir(repaired_dir(ledger))
-        .map(|rd| {
-            rd.flatten()
-                .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
-                .count()
-        })
-        .unwrap_or(0)
+    ledger.device_file_count(DeviceFile::Repaired)
 }
 
 /// One line per device: `net1 (0000:00:05.0) -> enp0s5, up, MTU 1500`.

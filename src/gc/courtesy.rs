@@ -205,29 +205,19 @@ impl Courtesy {
 /// without being read, so a look costs one listing and a stat or two per record, plus a
 /// read of a young un-noted one until one is found in flight.
 pub fn add_in_flight(ledger: &Ledger, boot: &str) -> Option<String> {
-    let dir = std::fs::read_dir(ledger.records_dir()).ok()?;
     let young_since = SystemTime::now().checked_sub(Duration::from_secs(IN_FLIGHT_SECS))?;
-    for item in dir.flatten() {
-        let name = item.file_name();
-        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
-            continue;
-        };
-        if stem.starts_with('.') {
-            continue; // a write in progress: its record is not there yet
-        }
-        let Ok(made) = item.metadata().and_then(|m| m.modified()) else {
-            continue;
-        };
+    // A write in progress is no stem: its record is not there yet.
+    for (stem, made) in ledger.record_stems_modified() {
         if made < young_since {
             continue;
         }
         // The tail wrote its note after the head's record: the ADD completed, or a DEL
         // began. Told by one stat, without reading the record.
-        let noted = std::fs::metadata(ledger.note_path(stem))
+        let noted = std::fs::metadata(ledger.note_path(&stem))
             .and_then(|m| m.modified())
             .is_ok_and(|t| t >= made);
-        if !noted && in_flight(ledger, stem, boot) {
-            return Some(stem.to_string());
+        if !noted && in_flight(ledger, &stem, boot) {
+            return Some(stem);
         }
     }
     None

@@ -16,7 +16,7 @@ pub use policy::{
 };
 pub use report::{
     failure_text, Action, ConfigSource, CriSummary, DamagedReport, HeldReport, NewerReport,
-    RecordReport, Report, Summary, UnreadableReport,
+    RecordReport, RecordsLeft, Report, Summary, UnreadableReport,
 };
 
 use crate::ledger::{Damage, Damaged, Decoded, Entry, Ledger, Quarantine, Record};
@@ -170,14 +170,25 @@ pub fn run(opts: &Options) -> Result<Report> {
     // One index of the node's namespace holders per run, built only if a record of this
     // boot would otherwise be gone; scan and re-check under the lock share it.
     let node = NodeIndex::new();
-    let (mut candidates, tallies) = scan(&ledger, &boot, opts, &node, &mut report)?;
+    let clock = crate::chain::Now::read();
+    let (mut candidates, tallies, mut kept) =
+        scan(&ledger, &boot, opts, &node, &clock, &mut report)?;
+    // What stays in records/ is counted for the metrics as it is decided, so that they
+    // need no second walk over the records.
+    let left_after = opts.chain_left_after_secs;
     // A runtime whose list cannot be right judges nothing, here and under the lock.
     let unjudged;
     let mut opts = opts;
     if let Some(why) = opts.cri.as_ref().and(runtime_refusal(&tallies)) {
         crate::error!("gc: {why}");
         let before = candidates.len();
-        candidates.retain(|c| c.judged.0 != Reason::NotInRuntime);
+        candidates.retain(|c| {
+            let keep = c.judged.0 != Reason::NotInRuntime;
+            if !keep && !c.retired {
+                kept.add(&c.rec, &clock, left_after);
+            }
+            keep
+        });
         report.summary.live += before - candidates.len();
         report.summary.stale = candidates.len();
         report.cri_refused = Some(why);
@@ -189,13 +200,23 @@ pub fn run(opts: &Options) -> Result<Report> {
     }
     // Snapshots the removed records referred to: the only ones a per-network gc may sweep.
     let mut released = HashSet::new();
+    let mut removed = vec![false; candidates.len()];
     for (i, r) in attempt_all(&ledger, &candidates, &boot, now, opts, &node) {
         report.summary.count(r.action);
         if r.action == Action::Replayed {
             released.extend(candidates[i].rec.snapshot.clone());
         }
+        removed[i] = matches!(r.action, Action::Replayed | Action::Gone);
         report.records.push(r);
     }
+    for (c, _) in candidates
+        .iter()
+        .zip(removed)
+        .filter(|(c, removed)| !c.retired && !removed)
+    {
+        kept.add(&c.rec, &clock, left_after);
+    }
+    report.records_left = Some(kept);
     let s = &report.summary;
     crate::info!(
         "gc: done: {} live, {} stale ({} replayed, {} retrying, {} failed, {} would replay, {} skipped), {} damaged",
@@ -218,13 +239,23 @@ struct ScanFindings {
     newer: Vec<NewerReport>,
     damaged: Vec<Damaged>,
     unreadable: Vec<UnreadableReport>,
+    /// The records that are not candidates (`RecordsLeft`).
+    kept: RecordsLeft,
 }
 
 impl ScanFindings {
-    fn visit(&mut self, entry: Entry, boot: &str, opts: &Options, node: &NodeIndex) {
+    fn visit(
+        &mut self,
+        entry: Entry,
+        boot: &str,
+        opts: &Options,
+        node: &NodeIndex,
+        clock: &crate::chain::Now,
+    ) {
         match entry.decoded {
             Decoded::Ok(rec) => {
                 if opts.network.as_ref().is_some_and(|n| *n != rec.network) {
+                    self.kept.add(&rec, clock, opts.chain_left_after_secs);
                     return;
                 }
                 let (l, verdict, holder) = policy::assess(&rec, boot, opts, node);
@@ -237,7 +268,10 @@ impl ScanFindings {
                     self.held.push(HeldReport::of(&rec, &h));
                 }
                 match l.reason {
-                    None => self.live += 1,
+                    None => {
+                        self.live += 1;
+                        self.kept.add(&rec, clock, opts.chain_left_after_secs);
+                    }
                     Some(reason) => self.candidates.push(Candidate {
                         rec,
                         judged: (reason, l.evidence),
@@ -263,20 +297,23 @@ impl ScanFindings {
     }
 }
 
-/// Reads every record once: live ones are counted, stale ones returned (oldest first),
-/// damaged ones quarantined and reported, with newer-format ones, in `report`.
+/// Reads every record once: live ones are counted (and tallied), stale ones returned
+/// (oldest first), damaged ones quarantined and reported, with newer-format ones, in
+/// `report`.
 fn scan(
     ledger: &Ledger,
     boot: &str,
     opts: &Options,
     node: &NodeIndex,
+    clock: &crate::chain::Now,
     report: &mut Report,
-) -> Result<(Vec<Candidate>, BTreeMap<String, RuntimeTally>)> {
+) -> Result<(Vec<Candidate>, BTreeMap<String, RuntimeTally>, RecordsLeft)> {
     let scans = ledger.scan(
         crate::ledger::scan_jobs(),
         ScanFindings::default,
-        |acc, entry| acc.visit(entry, boot, opts, node),
+        |acc, entry| acc.visit(entry, boot, opts, node, clock),
     )?;
+    let mut kept = RecordsLeft::default();
     let mut candidates = Vec::new();
     let mut damaged = Vec::new();
     let mut tallies: BTreeMap<String, RuntimeTally> = BTreeMap::new();
@@ -287,6 +324,7 @@ fn scan(
             sum.absent += t.absent;
         }
         report.summary.live += scan.live;
+        kept.merge(scan.kept);
         report.held.extend(scan.held);
         candidates.extend(scan.candidates);
         report.newer.extend(scan.newer);
@@ -343,7 +381,7 @@ fn scan(
         }
     }
     report.summary.stale = candidates.len();
-    Ok((candidates, tallies))
+    Ok((candidates, tallies, kept))
 }
 
 /// The records a DEL or GC retired while their ADD was in the chain (docs/CHAIN.md). One

@@ -6,6 +6,7 @@ use super::Staleness;
 use crate::ledger::Record;
 use crate::sandbox::{Evidence, Reason};
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 #[derive(Debug, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -260,6 +261,46 @@ pub struct Report {
     /// be right (`gc::runtime_refusal`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cri_refused: Option<String>,
+    /// What the records left add up to, for the metrics; None when the run scanned no
+    /// records (no ledger). Not part of the report's JSON.
+    #[serde(skip)]
+    pub records_left: Option<RecordsLeft>,
+}
+
+/// The records a run leaves in `records/`, added up by its one scan for the metrics (the
+/// `records` and `chain_failed_left_records` series, the runtime ranges of the headroom):
+/// a record the run replayed, or found removed under its lock, is not in it. Records
+/// written during the run are not either; the next run counts them.
+#[derive(Debug, Default)]
+pub struct RecordsLeft {
+    /// Records by network.
+    pub records: BTreeMap<String, i64>,
+    /// Records failed-left at the scan (`chain::failed_left`, `--chain-left-after`), by network.
+    pub failed_left: BTreeMap<String, i64>,
+    /// The address ranges runtimes passed in the records' `ipRanges`.
+    pub ranges: crate::hostlocal::RuntimeRanges,
+}
+
+impl RecordsLeft {
+    pub fn add(&mut self, rec: &Record, now: &crate::chain::Now, left_after_secs: u64) {
+        self.ranges
+            .add(&rec.network, rec.runtime_config.get("ipRanges"));
+        *self.records.entry(rec.network.clone()).or_default() += 1;
+        if crate::chain::failed_left(rec, now, left_after_secs) {
+            *self.failed_left.entry(rec.network.clone()).or_default() += 1;
+        }
+    }
+
+    /// Another scan worker's findings.
+    pub fn merge(&mut self, other: RecordsLeft) {
+        for (net, n) in other.records {
+            *self.records.entry(net).or_default() += n;
+        }
+        for (net, n) in other.failed_left {
+            *self.failed_left.entry(net).or_default() += n;
+        }
+        self.ranges.merge(other.ranges);
+    }
 }
 
 /// Whether the CRI runtime (`--cri-endpoint`) answered, and with how many sandboxes.

@@ -30,6 +30,19 @@ use std::path::{Path, PathBuf};
 use std::sync::PoisonError;
 
 pub use lock::{KeyLock, SnapshotGuard, Wait};
+
+/// The per-attachment files of `devices/` (src/devices/), one of each kind per key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceFile {
+    /// Devices DEL could not give back (`devices/`).
+    Failure,
+    /// The host's hardware links as the head found them at ADD (`devices/host/`).
+    HostLinks,
+    /// Links whose alias disagreed with the recorded host name (`devices/alias-mismatch/`).
+    AliasMismatch,
+    /// Devices gc gave back after the fact (`devices/repaired/`).
+    Repaired,
+}
 pub use quarantine::{Damaged, Quarantine};
 pub use record::{Damage, DamageReason, Decoded, Key, Record, RecordSource};
 
@@ -157,9 +170,80 @@ impl Ledger {
     pub fn record_path(&self, stem: &str) -> PathBuf {
         self.records_dir().join(format!("{stem}{RECORD_EXT}"))
     }
+    /// The directories an ADD writes into (its record, the conflist's snapshot, the
+    /// key's lock): what readiness checks are there and writable.
+    pub fn add_dirs(&self) -> [PathBuf; 3] {
+        [self.records_dir(), self.snapshots_dir(), self.locks_dir()]
+    }
+
+    /// The metadata of the directory records are in (following a symlink): DEL's first
+    /// look, telling no ledger from one it cannot reach.
+    pub fn records_metadata(&self) -> io::Result<std::fs::Metadata> {
+        std::fs::metadata(self.records_dir())
+    }
+
+    /// Whether a record could be written now (STATUS): a temp file made and removed
+    /// where records are written; the error names the directory.
+    pub fn probe_writable(&self) -> Result<()> {
+        let dir = self.records_dir();
+        let name = format!("{}status-probe.{}", fsio::TMP_PREFIX, std::process::id());
+        std::fs::write(dir.join(&name), b"")
+            .and_then(|()| std::fs::remove_file(dir.join(&name)))
+            .with_context(|| format!("probing {}", dir.display()))
+    }
+
     /// Where the device notes and the host's links kept at ADD live (src/devices/).
     pub fn devices_dir(&self) -> PathBuf {
         self.root.join("devices")
+    }
+
+    /// The directory of one kind of per-attachment file of `devices/`.
+    pub fn device_files_dir(&self, kind: DeviceFile) -> PathBuf {
+        let top = self.devices_dir();
+        match kind {
+            DeviceFile::Failure => top,
+            DeviceFile::HostLinks => top.join("host"),
+            DeviceFile::AliasMismatch => top.join("alias-mismatch"),
+            DeviceFile::Repaired => top.join("repaired"),
+        }
+    }
+
+    /// The name of `key`'s file of any kind in `device_files_dir`.
+    pub fn device_file_name(key: &Key) -> String {
+        format!("{}{RECORD_EXT}", key.stem())
+    }
+
+    /// `key`'s file of this kind.
+    pub fn device_file_path(&self, kind: DeviceFile, key: &Key) -> PathBuf {
+        self.device_files_dir(kind)
+            .join(Ledger::device_file_name(key))
+    }
+
+    /// The files of this kind, as listed now (writes in progress left out; empty when
+    /// the directory cannot be listed), in no order.
+    pub fn device_files(&self, kind: DeviceFile) -> Vec<PathBuf> {
+        let Ok(rd) = std::fs::read_dir(self.device_files_dir(kind)) else {
+            return Vec::new();
+        };
+        rd.flatten()
+            .filter(|e| {
+                let n = e.file_name();
+                let n = n.to_string_lossy();
+                n.ends_with(RECORD_EXT) && !n.starts_with(fsio::TMP_PREFIX)
+            })
+            .map(|e| e.path())
+            .collect()
+    }
+
+    /// How many files of this kind there are (a temp file never ends in `.json`).
+    pub fn device_file_count(&self, kind: DeviceFile) -> usize {
+        std::fs::read_dir(self.device_files_dir(kind))
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(RECORD_EXT))
+                    .count()
+            })
+            .unwrap_or(0)
     }
 
     /// The stem of a file name in `records/`; None for a temp file of a write in
@@ -167,6 +251,22 @@ impl Ledger {
     pub fn record_stem(name: &str) -> Option<&str> {
         name.strip_suffix(RECORD_EXT)
             .filter(|s| !s.starts_with('.'))
+    }
+
+    /// The stems of `records/` with each file's mtime, as listed now, lazily: one
+    /// listing, and a stat per stem taken (gc's look for an ADD in flight stops at the
+    /// first). A file that cannot be stat'ed is left out; nothing when `records/`
+    /// cannot be listed.
+    pub fn record_stems_modified(&self) -> impl Iterator<Item = (String, std::time::SystemTime)> {
+        std::fs::read_dir(self.records_dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let stem = Ledger::record_stem(e.file_name().to_str()?)?.to_string();
+                let made = e.metadata().and_then(|m| m.modified()).ok()?;
+                Some((stem, made))
+            })
     }
 
     /// The stems of `records/`, as listed now (empty when it cannot be listed): what a
@@ -663,6 +763,48 @@ pub(crate) mod tests {
         assert_eq!(mode & 0o777, 0o600);
         assert!(l.remove(&stem).unwrap());
         assert!(l.read(&stem).unwrap().is_none());
+    }
+
+    #[test]
+    fn record_stems_with_mtimes_leave_writes_in_progress_and_foreign_names_out() {
+        let l = tmp_ledger("stems-mtime");
+        let r = record::sample();
+        l.write(&r).unwrap();
+        let dir = l.records_dir();
+        std::fs::write(dir.join(".tmp.n:c:eth0.json.1.0"), b"x").unwrap();
+        std::fs::write(dir.join(".hidden.json"), b"x").unwrap();
+        std::fs::write(dir.join("foreign.txt"), b"x").unwrap();
+        let made = std::fs::metadata(l.record_path(&r.key().stem()))
+            .and_then(|m| m.modified())
+            .unwrap();
+        let found: Vec<_> = l.record_stems_modified().collect();
+        assert_eq!(found, [(r.key().stem(), made)]);
+    }
+
+    #[test]
+    fn each_device_file_kind_has_its_own_directory_and_names() {
+        let l = tmp_ledger("device-files");
+        let key = Key::new("n", "c", "eth0");
+        let kinds = [
+            (DeviceFile::Failure, "devices"),
+            (DeviceFile::HostLinks, "devices/host"),
+            (DeviceFile::AliasMismatch, "devices/alias-mismatch"),
+            (DeviceFile::Repaired, "devices/repaired"),
+        ];
+        for (kind, dir) in kinds {
+            let path = l.device_file_path(kind, &key);
+            assert_eq!(path, l.root().join(dir).join("n:c:eth0.json"));
+            assert_eq!(l.device_file_count(kind), 0);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, b"{}").unwrap();
+            // A write in progress never ends in .json; one that does is not listed.
+            std::fs::write(path.with_file_name(".tmp.n:c:eth0.json.1.0"), b"x").unwrap();
+            std::fs::write(path.with_file_name(".tmp.odd.json"), b"x").unwrap();
+            assert_eq!(l.device_files(kind), std::slice::from_ref(&path), "{dir}");
+        }
+        // The top directory's listing is its own files, not the kinds beneath it.
+        assert_eq!(l.device_file_count(DeviceFile::Failure), 2);
+        assert_eq!(l.device_file_count(DeviceFile::Repaired), 2);
     }
 
     #[test]

@@ -1,14 +1,14 @@
 //! What the chain's metrics read of a record (the chain's spec): `tail`, `createdBootNs`
 //! and the tail's `chain` notes (its note file, or the record's own `chain`), decoded by
-//! the ledger's own decoders,
-//! and the failed-left classification `gc --metrics-file` and the agent's watcher share.
+//! the ledger's own decoders, and the failed-left classification the agent's watcher
+//! makes of them (by `crate::chain`'s rule and clocks, as gc's scan does of a record).
 
 use crate::chain::State;
 use crate::ledger::record::{self, ChainNote, Decoded, Record};
 use crate::ledger::Ledger;
 use std::collections::BTreeMap;
 
-pub use crate::chain::DEFAULT_LEFT_AFTER_SECS;
+pub use crate::chain::{Now, DEFAULT_LEFT_AFTER_SECS};
 
 /// The fields of a record the chain's metrics need (the chain's spec): what the watcher
 /// keeps per record, without the chain's result.
@@ -65,14 +65,9 @@ impl View {
             .or_else(|| crate::chain::add_seconds(self.created_boot_ns, c.completed_boot_ns?))
     }
 
-    /// Age in seconds: on the boot clock within the boot that made it, else the wall clock.
+    /// Age in seconds (`chain::age_secs_at`).
     fn age_secs(&self, now: &Now) -> Option<i64> {
-        match (self.created_boot_ns, now.boot_ns) {
-            (Some(then), Some(up)) if self.boot_id == now.boot_id => {
-                i64::try_from(up.saturating_sub(then) / 1_000_000_000).ok()
-            }
-            _ => crate::time::parse_rfc3339(&self.created_at).map(|t| now.unix - t),
-        }
+        crate::chain::age_secs_at(&self.boot_id, self.created_boot_ns, &self.created_at, now)
     }
 
     /// The record's chain state, by the rule `list` uses (`chain::classify`).
@@ -96,30 +91,13 @@ impl View {
     }
 }
 
-/// The clocks a classification reads.
-pub struct Now {
-    pub boot_id: String,
-    pub boot_ns: Option<u64>,
-    pub unix: i64,
-}
-
-impl Now {
-    pub fn read() -> Now {
-        Now {
-            boot_id: crate::sandbox::boot_id().unwrap_or_default(),
-            boot_ns: boot_ns(),
-            unix: crate::time::now(),
-        }
-    }
-}
-
 /// CLOCK_BOOTTIME in nanoseconds: the clock the chain's stamps are on.
 pub fn boot_ns() -> Option<u64> {
     crate::time::since_boot_ns()
 }
 
-/// Records failed-left now, by network, from one scan of the ledger: what `gc
-/// --metrics-file` exports without the agent.
+/// Records failed-left now, by network, from one scan of the ledger (the watcher's
+/// tests check its count against it).
 pub fn failed_left_by_network(ledger: &Ledger, left_after_secs: u64) -> BTreeMap<String, i64> {
     let now = Now::read();
     let mut out = BTreeMap::new();

@@ -5,7 +5,7 @@
 pub mod chain;
 pub mod headroom;
 
-use crate::gc::{Action, Report};
+use crate::gc::{Action, RecordsLeft, Report};
 use crate::ledger::{Decoded, Ledger};
 use anyhow::{Context, Result};
 use prometheus::core::Collector;
@@ -411,15 +411,16 @@ impl Metrics {
         self.gc_duration.set(secs);
     }
 
-    /// Records by network and quarantined files, from a scan of the ledger.
-    /// Returns the address ranges runtimes passed in the records (for the headroom),
-    /// found by the same scan.
+    /// Records by network and quarantined files, from a scan of the ledger (the agent
+    /// when its gc run could not tell them). Returns the address ranges runtimes passed
+    /// in the records (for the headroom), found by the same scan.
     pub fn observe_ledger(&self, ledger: &Ledger) -> headroom::RuntimeRanges {
         self.observe_records(ledger, None)
     }
 
     /// `observe_ledger`, and the records failed-left now (`--chain-left-after`) counted
-    /// in the same pass over the records: what `gc --metrics-file` exports.
+    /// in the same pass over the records: `gc --metrics-file` when its run could not
+    /// tell them.
     pub fn observe_ledger_and_failed_left(
         &self,
         ledger: &Ledger,
@@ -428,55 +429,63 @@ impl Metrics {
         self.observe_records(ledger, Some(left_after_secs))
     }
 
+    /// What a gc run's own scan found left in the ledger (`Report::records_left`), the
+    /// failed-left ones too when `with_failed_left` (`gc --metrics-file`; the agent's
+    /// watcher sets those itself): no record is read again. Returns the runtime ranges.
+    pub fn observe_records_left(
+        &self,
+        ledger: &Ledger,
+        left: RecordsLeft,
+        with_failed_left: bool,
+    ) -> headroom::RuntimeRanges {
+        self.records.reset();
+        for (net, n) in left.records {
+            self.records.with_label_values(&[&net]).set(n);
+        }
+        if with_failed_left {
+            self.set_failed_left(left.failed_left);
+        }
+        self.observe_ledger_files(ledger);
+        left.ranges
+    }
+
     fn observe_records(
         &self,
         ledger: &Ledger,
         failed_left_after: Option<u64>,
     ) -> headroom::RuntimeRanges {
-        type Counts = BTreeMap<String, i64>;
-        let now = failed_left_after.map(|_| chain::Now::read());
+        let now = chain::Now::read();
+        let after = failed_left_after.unwrap_or(chain::DEFAULT_LEFT_AFTER_SECS);
         let scans = ledger.scan(
             crate::ledger::scan_jobs(),
-            || {
-                (
-                    Counts::new(),
-                    headroom::RuntimeRanges::default(),
-                    Counts::new(),
-                )
-            },
-            |(counts, ranges, left), entry| {
+            RecordsLeft::default,
+            |left, entry| {
                 if let Decoded::Ok(rec) = entry.decoded {
-                    ranges.add(&rec.network, rec.runtime_config.get("ipRanges"));
-                    *counts.entry(rec.network.clone()).or_default() += 1;
-                    if let (Some(now), Some(after)) = (&now, failed_left_after) {
-                        let view = chain::View::of(*rec);
-                        if view.failed_left(now, after) {
-                            *left.entry(view.network).or_default() += 1;
-                        }
-                    }
+                    left.add(&rec, &now, after);
                 }
             },
         );
-        let mut ranges = headroom::RuntimeRanges::default();
-        let mut failed_left = Counts::new();
         match scans {
             Ok(scans) => {
-                self.records.reset();
-                for (counts, found, left) in scans {
-                    for (net, n) in counts {
-                        self.records.with_label_values(&[&net]).add(n);
-                    }
-                    ranges.merge(found);
-                    for (net, n) in left {
-                        *failed_left.entry(net).or_default() += n;
-                    }
+                let mut left = RecordsLeft::default();
+                for found in scans {
+                    left.merge(found);
                 }
+                self.observe_records_left(ledger, left, failed_left_after.is_some())
             }
-            Err(e) => crate::warn!("agent: counting records: {e:#}"),
+            Err(e) => {
+                crate::warn!("agent: counting records: {e:#}");
+                if failed_left_after.is_some() {
+                    self.set_failed_left(BTreeMap::new());
+                }
+                self.observe_ledger_files(ledger);
+                headroom::RuntimeRanges::default()
+            }
         }
-        if failed_left_after.is_some() {
-            self.set_failed_left(failed_left);
-        }
+    }
+
+    /// The ledger's files that are not records: quarantined ones, the devices' notes.
+    fn observe_ledger_files(&self, ledger: &Ledger) {
         let q = std::fs::read_dir(ledger.quarantine_dir())
             .map(|rd| rd.count())
             .unwrap_or(0);
@@ -485,7 +494,6 @@ impl Metrics {
             .set(crate::devices::failure_note::mismatch_count(ledger) as i64);
         self.devices_repaired
             .set(crate::devices::state::repaired_count(ledger) as i64);
-        ranges
     }
 
     /// Writes the node_exporter textfile: counters continue from the previous file's

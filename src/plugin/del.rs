@@ -12,7 +12,7 @@ use std::time::Duration;
 pub fn del(conf: &NetConf, args: &CmdArgs) -> Result<(), CniError> {
     let ledger = Ledger::at(&conf.ledger_dir);
     let key = Key::new(&conf.name, &args.container_id, &args.ifname);
-    match std::fs::metadata(ledger.records_dir()) {
+    match ledger.records_metadata() {
         Ok(m) if m.is_dir() => {}
         Ok(_) => {
             unreachable_ledger(&key, &ledger, "records is not a directory");

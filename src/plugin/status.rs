@@ -2,7 +2,7 @@
 
 use crate::cni::config::NetConf;
 use crate::cni::error::{self, CniError};
-use crate::ledger::{fsio, Ledger};
+use crate::ledger::Ledger;
 
 pub fn status(conf: &NetConf) -> Result<(), CniError> {
     let unavailable = |e: anyhow::Error| {
@@ -13,11 +13,5 @@ pub fn status(conf: &NetConf) -> Result<(), CniError> {
         )
     };
     let ledger = Ledger::open_for_write(&conf.ledger_dir).map_err(unavailable)?;
-    let dir = ledger.records_dir();
-    let name = format!("{}status-probe.{}", fsio::TMP_PREFIX, std::process::id());
-    std::fs::write(dir.join(&name), b"")
-        .and_then(|()| std::fs::remove_file(dir.join(&name)))
-        .map_err(|e| {
-            unavailable(anyhow::Error::new(e).context(format!("probing {}", dir.display())))
-        })
+    ledger.probe_writable().map_err(unavailable)
 }
