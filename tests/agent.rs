@@ -474,6 +474,33 @@ fn reboot_under_the_agent_start_up_gc_replays_and_a_failing_plugin_backs_off_whi
     for (series, v) in want {
         assert_eq!(sample(&text, series), Some(v), "{series}\n{text}");
     }
+    // A run the ledger refuses (records/ group-writable) completes nothing: the file
+    // keeps the last completed run's time, not 0 ("never").
+    let last = "cni_ledger_gc_last_success_timestamp_seconds";
+    let ok_at = sample(&text, last).unwrap();
+    assert!(ok_at > 1.7e9, "{text}");
+    set_mode(&f.records_dir(), 0o770);
+    let out = f
+        .host
+        .cmd(ledger_bin())
+        .args(["gc", "--now", "--ledger-dir"])
+        .arg(&f.ledger_dir)
+        .arg("--cni-cache-dir")
+        .arg(&f.cache_dir)
+        .arg("--metrics-file")
+        .arg(&prom)
+        .env_remove("CNI_COMMAND")
+        .output()
+        .unwrap();
+    set_mode(&f.records_dir(), 0o700);
+    assert!(!out.status.success(), "{}", describe(&out));
+    let text = fs::read_to_string(&prom).unwrap();
+    assert_eq!(
+        sample(&text, "cni_ledger_gc_runs_total{result=\"error\"}"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(sample(&text, last), Some(ok_at), "{text}");
     assert_eq!(
         list_dir(f.tmp.path())
             .iter()

@@ -1,4 +1,4 @@
-//! The shipped alerts on real agents: eight `cni-ledger agent` processes, seven with one
+//! The shipped alerts on real agents: ten `cni-ledger agent` processes, nine with one
 //! fault each and one healthy, scraped by a real Prometheus (Debian's) that evaluates
 //! `deploy/prometheus/cni-ledger-rules.yaml`. Each fault's alert must fire on exactly its
 //! agent's `instance`, nothing may fire on the healthy one, and every query of
@@ -416,6 +416,15 @@ fn each_fault_fires_its_alert_on_its_node_only_and_the_dashboard_has_data() {
     let mut nodes = Vec::new();
     let mut held = Vec::new(); // namespaces of live pods, until the end
 
+    // CRI runtime not answering: a socket that accepts and never replies. First, so that
+    // its first gc run, which waits out the runtime's timeout, overlaps the others' set-up.
+    let f = Fixture::ledger_only();
+    let sock = f.tmp.path().join("hung-cri.sock");
+    let _hung = hung_runtime(&sock);
+    let mut n = Node::new("cri-hung", Some("CniLedgerCriRuntimeDown"), f);
+    n.start(&["--cri-endpoint", &format!("unix://{}", sock.display())]);
+    nodes.push(n);
+
     // Healthy: a CRI runtime that answers (containerd), a pod added and deleted, one live.
     let healthy = Fixture::new();
     let ctrd_dir = Containerd::configure(&healthy);
@@ -447,14 +456,6 @@ fn each_fault_fires_its_alert_on_its_node_only_and_the_dashboard_has_data() {
             .contains("cni_ledger_chain_del_duration_seconds_count{network=\"cltest\"} 1")
     })
     .unwrap_or_else(|| panic!("DEL not observed:\n{}", n.agent().log_text()));
-    nodes.push(n);
-
-    // CRI runtime not answering: a socket that accepts and never replies.
-    let f = Fixture::ledger_only();
-    let sock = f.tmp.path().join("hung-cri.sock");
-    let _hung = hung_runtime(&sock);
-    let mut n = Node::new("cri-hung", Some("CniLedgerCriRuntimeDown"), f);
-    n.start(&["--cri-endpoint", &format!("unix://{}", sock.display())]);
     nodes.push(n);
 
     // A replay that keeps failing: a record of an earlier boot whose chain refuses DEL,
@@ -540,6 +541,33 @@ fn each_fault_fires_its_alert_on_its_node_only_and_the_dashboard_has_data() {
     held.push(ns);
     nodes.push(n);
 
+    // gc never completing: records/ writable by its group, which every gc run refuses
+    // (anyone in it could plant a record whose chain gc would run as root). Before its
+    // first completed run the gauge is 0, "never": the alert's expression holds from the
+    // agent's start and fires after its `for:`.
+    let f = Fixture::ledger_only();
+    fs::create_dir_all(f.ledger_dir.join("records")).unwrap();
+    set_mode(&f.ledger_dir, 0o700);
+    set_mode(&f.ledger_dir.join("records"), 0o770);
+    let mut n = Node::new("gc-refused", Some("CniLedgerGcNotRunning"), f);
+    n.start(&[]);
+    nodes.push(n);
+
+    // An attachment the agent cannot adopt: made through the ledger by a real ADD, its
+    // record removed by hand afterwards. Adoption skips cache entries whose chain held
+    // the ledger (their record's absence means a DEL removed it), so the agent's count
+    // at start finds it and keeps it.
+    let f = Fixture::ledger_only();
+    let ns = Netns::new();
+    f.add("unrecorded", "eth0", Some(&ns.path_str()), None)
+        .unwrap_or_else(|e| panic!("ADD unrecorded: {e}"));
+    held.push(ns);
+    fs::remove_file(f.record_path("unrecorded", "eth0")).unwrap();
+    assert!(f.cache_result_path("unrecorded", "eth0").exists());
+    let mut n = Node::new("unrecorded", Some("CniLedgerUnrecordedAttachments"), f);
+    n.start(&[]);
+    nodes.push(n);
+
     // A slow chain: a plugin that takes 6 s on ADD (the alert's p99 bound is 5 s). Its
     // ADD runs once Prometheus scrapes, so that the histogram's rate sees it.
     let mut f = Fixture::with_spec(ChainSpec::ledger_only());
@@ -554,6 +582,34 @@ fn each_fault_fires_its_alert_on_its_node_only_and_the_dashboard_has_data() {
     n.start(&[]);
     n.wait_injected();
     nodes.push(n);
+
+    // Every other agent's first gc run completes before the first scrape: the scaled
+    // `for:` of CniLedgerGcNotRunning (6 s) is shorter than a first run that waits out a
+    // hung runtime's 10 s; the shipped 10 minutes are not. The refused node's runs end in
+    // error and leave its gauge at 0.
+    for n in &nodes {
+        let done = wait_for(Duration::from_secs(30), || {
+            let m = n.agent().metrics();
+            let ok = sample(&m, "cni_ledger_gc_last_success_timestamp_seconds").unwrap_or(0.0);
+            let errors = sample(&m, "cni_ledger_gc_runs_total{result=\"error\"}").unwrap_or(0.0);
+            let ready = if n.role == "gc-refused" {
+                errors >= 1.0 && ok == 0.0
+            } else {
+                ok > 0.0
+            };
+            if !ready {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            ready
+        });
+        assert!(
+            done.is_some(),
+            "{}: gc not as expected:\n{}\n{}",
+            n.role,
+            n.agent().metrics(),
+            n.agent().log_text()
+        );
+    }
 
     let role: BTreeMap<String, &str> = nodes.iter().map(|n| (n.instance(), n.role)).collect();
     let targets: Vec<String> = role.keys().cloned().collect();
@@ -662,7 +718,11 @@ fn each_fault_fires_its_alert_on_its_node_only_and_the_dashboard_has_data() {
             role.get(&i).unwrap_or(&"?")
         );
     }
-    let healthy = &nodes[0].instance();
+    let healthy = &nodes
+        .iter()
+        .find(|n| n.role == "healthy")
+        .unwrap()
+        .instance();
     assert!(
         !fired_at.keys().any(|(_, i)| i == healthy),
         "fired on the healthy node"
@@ -671,7 +731,7 @@ fn each_fault_fires_its_alert_on_its_node_only_and_the_dashboard_has_data() {
     // Every query of the dashboard returns a number. A rate needs an increase within
     // its window: the healthy node adds and deletes one more pod now that it is scraped.
     let ns = Netns::new();
-    let h = &nodes[0].f;
+    let h = &nodes.iter().find(|n| n.role == "healthy").unwrap().f;
     h.add("late", "eth0", Some(&ns.path_str()), None)
         .unwrap_or_else(|e| panic!("healthy ADD: {e}"));
     h.del("late", "eth0", Some(&ns.path_str()), None)

@@ -47,7 +47,8 @@ pub struct Args {
     #[arg(long, value_name = "NAME", requires = "cri_endpoint")]
     cri_network: Vec<String>,
     /// Also write the run's metrics here in node_exporter's textfile format (the agent's
-    /// /metrics names; counters continue from the file's previous values), by rename.
+    /// /metrics names; counters, and the last completed run's time, continue from the
+    /// file's previous values), by rename.
     #[arg(long, value_name = "PATH")]
     metrics_file: Option<PathBuf>,
 }

@@ -169,7 +169,7 @@ impl Metrics {
             ),
             gc_last_success: gauge(
                 "cni_ledger_gc_last_success_timestamp_seconds",
-                "Unix time at which the last gc run that completed ended.",
+                "Unix time at which the last gc run that completed ended; 0 until one has (the agent: since it started).",
             ),
             injected: gauge_vec(
                 "cni_ledger_conflist_injected",
@@ -497,8 +497,8 @@ impl Metrics {
     }
 
     /// Writes the node_exporter textfile: counters continue from the previous file's
-    /// values (they count across runs), the file replaced by rename (the collector never
-    /// reads half of it).
+    /// values (they count across runs), and so does the last completed run's time; the
+    /// file replaced by rename (the collector never reads half of it).
     pub fn write_file(&self, path: &Path) -> Result<()> {
         if let Ok(old) = std::fs::read_to_string(path) {
             self.carry_over(&old);
@@ -539,6 +539,14 @@ impl Metrics {
             let Ok(value) = value.parse::<f64>() else {
                 continue;
             };
+            // A run that did not complete keeps the previous run's time: 0 would read as
+            // "never", and CniLedgerGcNotRunning would fire 30 minutes early.
+            if series == "cni_ledger_gc_last_success_timestamp_seconds" {
+                if self.gc_last_success.get() == 0.0 && value > 0.0 && value.is_finite() {
+                    self.gc_last_success.set(value);
+                }
+                continue;
+            }
             let Some((name, labels)) = series.split_once('{') else {
                 continue;
             };
@@ -598,6 +606,28 @@ mod tests {
         assert!(m2
             .encode()
             .contains("# TYPE cni_ledger_replays_total counter"));
+    }
+
+    #[test]
+    fn a_failed_run_keeps_the_previous_files_last_success() {
+        let m = Metrics::new();
+        assert!(m
+            .encode()
+            .contains("cni_ledger_gc_last_success_timestamp_seconds 0"));
+        let before = "cni_ledger_gc_last_success_timestamp_seconds 1700000000\n";
+        m.observe_gc_error(0.1);
+        m.carry_over(before);
+        assert!(
+            m.encode()
+                .contains("cni_ledger_gc_last_success_timestamp_seconds 1700000000"),
+            "{}",
+            m.encode()
+        );
+        // A run that completed says when it did.
+        let m = Metrics::new();
+        m.observe_gc(&Report::default(), 0.1);
+        m.carry_over(before);
+        assert!(m.gc_last_success.get() > 1.7e9 + 1.0, "{}", m.encode());
     }
 
     #[test]
