@@ -575,8 +575,9 @@ fn each_fault_fires_its_alert_on_its_node_only_and_the_dashboard_has_data() {
 
     // An attachment the agent cannot adopt: made through the ledger by a real ADD, its
     // record removed by hand afterwards. Adoption skips cache entries whose chain held
-    // the ledger (their record's absence means a DEL removed it), so the agent's count
-    // at start finds it and keeps it.
+    // the ledger (their record is most often gone because a DEL removed it, which a
+    // removal by hand cannot be told from), so the agent's count at start finds it and
+    // keeps it.
     let f = Fixture::ledger_only();
     let ns = Netns::new();
     f.add("unrecorded", "eth0", Some(&ns.path_str()), None)
@@ -743,6 +744,14 @@ fn each_fault_fires_its_alert_on_its_node_only_and_the_dashboard_has_data() {
             logs()
         );
     }
+    // The agent's log says what it knows of that entry, and claims no DEL.
+    let unrecorded = nodes.iter().find(|n| n.role == "unrecorded").unwrap();
+    let log = unrecorded.agent().log_text();
+    assert!(
+        log.contains("its chain held the ledger, but its record is gone (removed by its DEL or gc")
+            && log.contains("or by other means); not adopted"),
+        "{log}"
+    );
     // The unserved version's alert names the file left out, not the one kept.
     let unsupported = nodes.iter().find(|n| n.role == "unsupported").unwrap();
     let files: Vec<String> = prom.api("/api/v1/alerts", None)["alerts"]
