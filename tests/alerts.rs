@@ -1,8 +1,11 @@
-//! The shipped alerts on real agents: ten `cni-ledger agent` processes, nine with one
+//! The shipped alerts on real agents: eleven `cni-ledger agent` processes, ten with one
 //! fault each and one healthy, scraped by a real Prometheus (Debian's) that evaluates
 //! `deploy/prometheus/cni-ledger-rules.yaml`. Each fault's alert must fire on exactly its
-//! agent's `instance`, nothing may fire on the healthy one, and every query of
-//! `deploy/grafana/cni-ledger.json` must return data there. Needs root, curl, prometheus,
+//! agent's `instance`, and no other alert on it: a conflist fight and a conflist at a
+//! cniVersion the ledger does not serve keep the ledger out of the chain, yet fire only
+//! their own alert, never CniLedgerOutOfChain as well (one alert per cause). Nothing may
+//! fire on the healthy one, and every query of `deploy/grafana/cni-ledger.json` must
+//! return data there. Needs root, curl, prometheus,
 //! containerd (the healthy node's CRI runtime) and the CNI plugins.
 //!
 //!     cargo test --features testing --test alerts
@@ -523,6 +526,23 @@ fn each_fault_fires_its_alert_on_its_node_only_and_the_dashboard_has_data() {
     n.start(&[]);
     nodes.push(n);
 
+    // A conflist at a cniVersion the ledger does not serve (0.2.0), which the agent leaves
+    // without it, beside the fixture's own, which it keeps (`--conflist all`).
+    let f = Fixture::with_spec(bridge_only());
+    let legacy = f.conf_dir.join("20-legacy.conflist");
+    let mut doc = plain_conflist(&f);
+    doc["name"] = json!(format!("{}-legacy", doc["name"].as_str().unwrap()));
+    doc["cniVersion"] = json!("0.2.0");
+    write_in_place(&legacy, &doc);
+    let mut n = Node::new(
+        "unsupported",
+        Some("CniLedgerConflistUnsupportedVersion"),
+        f,
+    );
+    n.start(&["--conflist", "all"]);
+    n.wait_injected();
+    nodes.push(n);
+
     // A failed ADD left behind: the chain fails after the head, and no DEL follows.
     let mut f = Fixture::with_spec(ChainSpec::ledger_only());
     install_plugin(&f, "cl-fail-add", FAIL_ADD);
@@ -555,8 +575,9 @@ fn each_fault_fires_its_alert_on_its_node_only_and_the_dashboard_has_data() {
 
     // An attachment the agent cannot adopt: made through the ledger by a real ADD, its
     // record removed by hand afterwards. Adoption skips cache entries whose chain held
-    // the ledger (their record's absence means a DEL removed it), so the agent's count
-    // at start finds it and keeps it.
+    // the ledger (their record is most often gone because a DEL removed it, which a
+    // removal by hand cannot be told from), so the agent's count at start finds it and
+    // keeps it.
     let f = Fixture::ledger_only();
     let ns = Netns::new();
     f.add("unrecorded", "eth0", Some(&ns.path_str()), None)
@@ -619,10 +640,6 @@ fn each_fault_fires_its_alert_on_its_node_only_and_the_dashboard_has_data() {
             expected.insert((a.to_string(), n.instance()));
         }
     }
-    let fight = nodes.iter().find(|n| n.role == "fight").unwrap().instance();
-    // A fight keeps the ledger out most of the time: its runbook says so, and this one
-    // may also fire (it need not: the agent's re-injections may interrupt it).
-    let allowed: BTreeSet<(String, String)> = [("CniLedgerOutOfChain".to_string(), fight)].into();
 
     let rules = rules_with_scaled_for(&fs::read_to_string(repo_file(RULES)).unwrap());
     let ptmp = TempDir::new("prom");
@@ -678,11 +695,7 @@ fn each_fault_fires_its_alert_on_its_node_only_and_the_dashboard_has_data() {
         for k in &firing {
             fired_at.entry(k.clone()).or_insert_with(|| t0.elapsed());
         }
-        let unexpected: BTreeSet<_> = firing
-            .difference(&expected)
-            .filter(|k| !allowed.contains(*k))
-            .cloned()
-            .collect();
+        let unexpected: BTreeSet<_> = firing.difference(&expected).cloned().collect();
         assert!(
             unexpected.is_empty(),
             "fired where no fault was: {:?}\nall firing: {:?}\n{}",
@@ -708,6 +721,55 @@ fn each_fault_fires_its_alert_on_its_node_only_and_the_dashboard_has_data() {
     for ((a, i), t) in &fired_at {
         eprintln!("FIGURE {a} on {} firing after {t:?}", role[i]);
     }
+    // One alert per cause: the fight's and the unserved version's files are out of the
+    // chain (their `injected` series read 0 within the last 30 s), yet CniLedgerOutOfChain
+    // is not even pending there.
+    for r in ["fight", "unsupported"] {
+        let n = nodes.iter().find(|n| n.role == r).unwrap();
+        let inst = n.instance();
+        let out = prom.query(&format!(
+            "min_over_time(cni_ledger_conflist_injected{{instance=\"{inst}\"}}[30s]) == 0"
+        ));
+        assert!(!out.is_empty(), "{r}: no file was out of the chain");
+        let on_it: BTreeSet<String> = prom
+            .alerts("pending")
+            .union(&prom.alerts("firing"))
+            .filter(|(_, i)| *i == inst)
+            .map(|(a, _)| a.clone())
+            .collect();
+        assert_eq!(
+            on_it,
+            [n.alert.unwrap().to_string()].into(),
+            "{r}: pending or firing on it\n{}",
+            logs()
+        );
+    }
+    // The agent's log says what it knows of that entry, and claims no DEL.
+    let unrecorded = nodes.iter().find(|n| n.role == "unrecorded").unwrap();
+    let log = unrecorded.agent().log_text();
+    assert!(
+        log.contains("its chain held the ledger, but its record is gone (removed by its DEL or gc")
+            && log.contains("or by other means); not adopted"),
+        "{log}"
+    );
+    // The unserved version's alert names the file left out, not the one kept.
+    let unsupported = nodes.iter().find(|n| n.role == "unsupported").unwrap();
+    let files: Vec<String> = prom.api("/api/v1/alerts", None)["alerts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["labels"]["alertname"] == "CniLedgerConflistUnsupportedVersion")
+        .map(|a| a["labels"]["file"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(
+        files,
+        [unsupported
+            .f
+            .conf_dir
+            .join("20-legacy.conflist")
+            .display()
+            .to_string()]
+    );
     assert!(slow_add.wait().unwrap().success(), "the slow ADD failed");
     // A label the summary or description names but the series lacks renders as
     // "<no value>"; a template error as "error expanding".

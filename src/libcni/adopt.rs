@@ -193,8 +193,8 @@ pub fn run(opts: &Options) -> Result<Report> {
         }
         if added_through_the_ledger(&entry) {
             crate::info!(
-                "adopt: {key}: its chain held the ledger, whose record is gone: a DEL (or gc) \
-                 released it and libcni drops {} next; not adopted",
+                "adopt: {key}: its chain held the ledger, but its record is gone (removed by \
+                 its DEL or gc, after which libcni drops {}, or by other means); not adopted",
                 path.display()
             );
             continue;
@@ -513,8 +513,9 @@ pub fn record_for(
 }
 
 /// The cached chain holds the ledger: its ADD was recorded, so a missing record was
-/// removed by the attachment's DEL, which runs before libcni drops the cache file (an
-/// agent restarted mid-DEL, at an upgrade, would otherwise record a deleted attachment).
+/// removed, most often by the attachment's DEL, which runs before libcni drops the cache
+/// file (an agent restarted mid-DEL, at an upgrade, would otherwise record a deleted
+/// attachment); a record removed by hand cannot be told from that.
 fn added_through_the_ledger(entry: &CacheEntry) -> bool {
     crate::conflist::parse(&entry.config_bytes).is_some_and(|list| {
         crate::conflist::plugins(&list)

@@ -198,7 +198,7 @@ impl Metrics {
             ),
             unrecorded: gauge_vec(
                 "cni_ledger_unrecorded_attachments",
-                "libcni cache entries of an injected network that have no record (made while the ledger was out of the chain).",
+                "libcni cache entries of an injected network that have no record (made while the ledger was out of the chain or under onLedgerError: warn, or whose record was removed other than by DEL).",
                 "network",
             ),
             binary_installed: gauge_vec(
