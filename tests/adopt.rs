@@ -379,6 +379,8 @@ fn a_clock_stepped_forward_after_boot_leaves_this_boots_attachments_live() {
     let written = mtime(&cache);
     let judged = |btime: i64| -> Value {
         let dir = f.cache_dir.to_string_lossy().into_owned();
+        // The fixture's plugin dirs: without them adopt would look in the machine's.
+        let cni_path = f.cni_path();
         let mut c = f.ledger_cmd(&[
             "adopt",
             "--json",
@@ -387,6 +389,8 @@ fn a_clock_stepped_forward_after_boot_leaves_this_boots_attachments_live() {
             &dir,
             "--network",
             &f.network,
+            "--cni-path",
+            &cni_path,
         ]);
         // What /proc/stat says once the clock has been stepped forward past the write:
         // btime is the clock now less the time since boot.

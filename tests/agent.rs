@@ -455,6 +455,8 @@ fn reboot_under_the_agent_start_up_gc_replays_and_a_failing_plugin_backs_off_whi
             .arg(&f.ledger_dir)
             .arg("--cni-cache-dir")
             .arg(&f.cache_dir)
+            .arg("--conf-dir")
+            .arg(&f.conf_dir)
             .arg("--metrics-file")
             .arg(&prom)
             .env_remove("CNI_COMMAND")
@@ -474,6 +476,18 @@ fn reboot_under_the_agent_start_up_gc_replays_and_a_failing_plugin_backs_off_whi
     for (series, v) in want {
         assert_eq!(sample(&text, series), Some(v), "{series}\n{text}");
     }
+    // Headroom is of the fixture's conf dir alone, never of the machine's own networks.
+    let headroom: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("cni_ledger_address_headroom_ratio{"))
+        .collect();
+    assert!(!headroom.is_empty(), "{text}");
+    assert!(
+        headroom
+            .iter()
+            .all(|l| l.contains(&format!("network=\"{}\"", f.network))),
+        "{text}"
+    );
     // A run the ledger refuses (records/ group-writable) completes nothing: the file
     // keeps the last completed run's time, not 0 ("never").
     let last = "cni_ledger_gc_last_success_timestamp_seconds";
@@ -487,6 +501,8 @@ fn reboot_under_the_agent_start_up_gc_replays_and_a_failing_plugin_backs_off_whi
         .arg(&f.ledger_dir)
         .arg("--cni-cache-dir")
         .arg(&f.cache_dir)
+        .arg("--conf-dir")
+        .arg(&f.conf_dir)
         .arg("--metrics-file")
         .arg(&prom)
         .env_remove("CNI_COMMAND")
