@@ -379,6 +379,8 @@ fn a_clock_stepped_forward_after_boot_leaves_this_boots_attachments_live() {
     let written = mtime(&cache);
     let judged = |btime: i64| -> Value {
         let dir = f.cache_dir.to_string_lossy().into_owned();
+        // The fixture's plugin dirs: without them adopt would look in the machine's.
+        let cni_path = f.cni_path();
         let mut c = f.ledger_cmd(&[
             "adopt",
             "--json",
@@ -387,6 +389,8 @@ fn a_clock_stepped_forward_after_boot_leaves_this_boots_attachments_live() {
             &dir,
             "--network",
             &f.network,
+            "--cni-path",
+            &cni_path,
         ]);
         // What /proc/stat says once the clock has been stepped forward past the write:
         // btime is the clock now less the time since boot.
@@ -448,6 +452,7 @@ fn adopted_records_find_their_plugins_in_the_conventional_dirs() {
     fs::write(&cache, serde_json::to_vec(&v).unwrap()).unwrap();
     put_ledger_back(&mut f);
 
+    // No --cni-path on purpose: the conventional dirs are what this test checks.
     let (out, rep) = adopt_with(&f, &[], &[]);
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
     let a = adopted(&rep, "p-deb").clone();
@@ -512,7 +517,7 @@ fn a_replay_removes_an_empty_cache_file_at_the_attachments_path() {
     let cache = f.cache_result_path("p-cut", "eth0");
     fs::write(&cache, b"").unwrap();
     // The record covers it: not unusable for adopt, gc's to clean up.
-    let (out, rep) = adopt_with(&f, &[], &[]);
+    let (out, rep) = adopt(&f, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
     assert_eq!(rep["alreadyRecorded"], json!(1), "{rep:#}");
     assert!(rep["unusable"].as_array().unwrap().is_empty(), "{rep:#}");
@@ -524,7 +529,7 @@ fn a_replay_removes_an_empty_cache_file_at_the_attachments_path() {
     assert_eq!(rep["summary"]["replayed"], json!(1), "{rep:#}");
     assert!(!f.ipam_addresses().contains(&ip));
     assert!(!cache.exists(), "the empty cache file survived the replay");
-    let (out, rep) = adopt_with(&f, &[], &[]);
+    let (out, rep) = adopt(&f, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
     assert!(rep["unusable"].as_array().unwrap().is_empty(), "{rep:#}");
 }

@@ -2,8 +2,9 @@
 //! ledger first and keeps it there through rewrites (plain write and rename) within a
 //! second, backs off from a writer that never stops, installs its binary while an old
 //! copy runs (and removes the old temp files of an interrupted install), survives its
-//! own restart, uninstalls, and replays a reboot's leftovers at
-//! start while a failing plugin backs off. Needs root, curl and promtool.
+//! own restart, uninstalls, replays a reboot's leftovers at start while a failing
+//! plugin backs off, and exits promptly on SIGTERM while a CRI runtime hangs. Needs
+//! root, curl and promtool.
 //!
 //!     cargo test --features testing --test agent
 // Tests may unwrap: a panic there is a failed test with its message.
@@ -455,6 +456,8 @@ fn reboot_under_the_agent_start_up_gc_replays_and_a_failing_plugin_backs_off_whi
             .arg(&f.ledger_dir)
             .arg("--cni-cache-dir")
             .arg(&f.cache_dir)
+            .arg("--conf-dir")
+            .arg(&f.conf_dir)
             .arg("--metrics-file")
             .arg(&prom)
             .env_remove("CNI_COMMAND")
@@ -474,6 +477,18 @@ fn reboot_under_the_agent_start_up_gc_replays_and_a_failing_plugin_backs_off_whi
     for (series, v) in want {
         assert_eq!(sample(&text, series), Some(v), "{series}\n{text}");
     }
+    // Headroom is of the fixture's conf dir alone, never of the machine's own networks.
+    let headroom: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("cni_ledger_address_headroom_ratio{"))
+        .collect();
+    assert!(!headroom.is_empty(), "{text}");
+    assert!(
+        headroom
+            .iter()
+            .all(|l| l.contains(&format!("network=\"{}\"", f.network))),
+        "{text}"
+    );
     // A run the ledger refuses (records/ group-writable) completes nothing: the file
     // keeps the last completed run's time, not 0 ("never").
     let last = "cni_ledger_gc_last_success_timestamp_seconds";
@@ -487,6 +502,8 @@ fn reboot_under_the_agent_start_up_gc_replays_and_a_failing_plugin_backs_off_whi
         .arg(&f.ledger_dir)
         .arg("--cni-cache-dir")
         .arg(&f.cache_dir)
+        .arg("--conf-dir")
+        .arg(&f.conf_dir)
         .arg("--metrics-file")
         .arg(&prom)
         .env_remove("CNI_COMMAND")
@@ -734,4 +751,83 @@ fn attachments_made_while_the_ledger_was_out_are_adopted_after_injection() {
     })
     .unwrap_or_else(|| panic!("gap not closed:\n{}", agent.metrics()));
     assert_eq!(agent.stop(10).code(), Some(0));
+}
+
+/// A CRI runtime that is up but hung: its socket accepts connections, holds them and
+/// never answers, until dropped.
+struct HungRuntime {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HungRuntime {
+    fn at(path: &Path) -> HungRuntime {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let (s, a) = (stop.clone(), accepted.clone());
+        let thread = std::thread::spawn(move || {
+            let mut held = Vec::new();
+            while !s.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        held.push(conn);
+                        a.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        });
+        HungRuntime {
+            stop,
+            accepted,
+            thread: Some(thread),
+        }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for HungRuntime {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// SIGTERM while the gc loop waits on a runtime that accepts and never answers: the
+/// agent gives the call up and exits at once, not after the CRI timeout (10 s).
+#[test]
+fn sigterm_while_a_hung_runtime_is_asked_ends_the_agent_promptly() {
+    require_root!();
+    let f = Fixture::new();
+    write_in_place(&f.conf_file, &plain_conflist(&f));
+    let socket = f.tmp.path().join("hung-cri.sock");
+    let hung = HungRuntime::at(&socket);
+    let bin = preinstalled_bin(&f);
+    let mut args = agent_args(&f, &bin, &[]);
+    let at = args.iter().position(|a| a == "none").unwrap();
+    args[at] = format!("unix://{}", socket.display());
+    let log = f.tmp.path().join("agent.log");
+    let mut agent = Agent::start(&ledger_bin(), &args, &log, None);
+    // The start-up gc run is in its CRI call.
+    wait_for(5 * SECOND, || hung.accepted() > 0)
+        .unwrap_or_else(|| panic!("the runtime was never asked:\n{}", agent.log_text()));
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let status = agent.stop(20);
+    let took = t0.elapsed();
+    eprintln!("FIGURE agent exit after SIGTERM during a hung CRI call: {took:?}");
+    assert_eq!(status.code(), Some(0), "{}", agent.log_text());
+    assert!(took < 5 * SECOND, "took {took:?}:\n{}", agent.log_text());
+    let text = agent.log_text();
+    assert!(text.contains("agent: stopped"), "{text}");
 }

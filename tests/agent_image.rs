@@ -170,6 +170,10 @@ fn the_daemonsets_agent_leaves_live_pods_alone_and_releases_only_a_forgotten_one
         Path::new("/etc/cni/net.d"),
     );
     let mut ctrd = Containerd::launch(&dir, net.name(), Some(&node), Containerd::DEFAULT_SOCKET);
+    // Everything the runtimes and podman start, stopped by PID and start time at the end
+    // (or on a panic): shims and conmon daemonize, so no stop of containerd's or podman's
+    // own is sure to take them.
+    let mut procs = RuntimeProcs::new(ctrd.pid().unwrap());
     ok(
         ctrd.ctr(&["images", "import", tarball.to_str().unwrap()]),
         "ctr images import",
@@ -246,8 +250,23 @@ fn the_daemonsets_agent_leaves_live_pods_alone_and_releases_only_a_forgotten_one
             let _ = Command::new("podman").args(["rmi", "-f", &self.1]).output();
         }
     }
-    let _cleanup = Cleanup(name.clone(), tag.clone());
+    let cleanup = Cleanup(name.clone(), tag.clone());
     ok(run.output().unwrap(), "podman run");
+    let pids = ok(
+        Command::new("podman")
+            .args([
+                "inspect",
+                "--format",
+                "{{.State.ConmonPid}} {{.State.Pid}}",
+                &name,
+            ])
+            .output()
+            .unwrap(),
+        "podman inspect",
+    );
+    for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
+        procs.add(pid.parse().unwrap());
+    }
     let logs = || {
         let o = Command::new("podman")
             .args(["logs", &name])
@@ -286,6 +305,9 @@ fn the_daemonsets_agent_leaves_live_pods_alone_and_releases_only_a_forgotten_one
     let live = ctrd.run_sandbox("live-1", 18101);
     let forgotten = ctrd.run_sandbox("live-2", 18102);
     for id in [&live, &forgotten] {
+        procs.add_pause(ctrd.task_pid(id), id);
+    }
+    for id in [&live, &forgotten] {
         let rec = record(&node, &network, id).unwrap_or_else(|| {
             let records = fs::read_dir(node.reach("/var/lib/cni-ledger/records"))
                 .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>());
@@ -315,6 +337,7 @@ fn the_daemonsets_agent_leaves_live_pods_alone_and_releases_only_a_forgotten_one
         "gc did not run during the slow ADD:\n{}",
         logs()
     );
+    procs.add_pause(ctrd.task_pid(&slow), &slow);
     assert!(holds_address(&node, &network, &slow));
     let settled = metric(runs).unwrap_or(0.0);
     wait_metric("three more gc runs", &|m| {
@@ -341,6 +364,7 @@ fn the_daemonsets_agent_leaves_live_pods_alone_and_releases_only_a_forgotten_one
         Some(&node),
         "/run/k3s/containerd/containerd.sock",
     );
+    procs.add(stray.pid().unwrap());
     let k3s = ep("/run/k3s/containerd/containerd.sock");
     wait_metric("the stray runtime's list refused", &|m| {
         sample(m, &format!("cni_ledger_cri_up{{{k3s}}}")) == Some(1.0)
@@ -362,6 +386,7 @@ fn the_daemonsets_agent_leaves_live_pods_alone_and_releases_only_a_forgotten_one
     // containerd back, without the forgotten pod: that one alone is released, its
     // address and port mapping with it, by a replay that goes through the chain.
     let mut ctrd = Containerd::launch(&dir, net.name(), Some(&node), Containerd::DEFAULT_SOCKET);
+    procs.add(ctrd.pid().unwrap());
     wait_for(Duration::from_secs(60), || {
         record(&node, &network, &forgotten).is_none()
     })
@@ -403,4 +428,12 @@ fn the_daemonsets_agent_leaves_live_pods_alone_and_releases_only_a_forgotten_one
     );
     assert!(ledger_first(&conf));
     ctrd.stop();
+    drop(cleanup);
+    // Whatever the orderly stops left (a shim still shutting down, say) is killed and
+    // waited for: nothing of the test's outlives it.
+    let left = procs.alive();
+    if !left.is_empty() {
+        eprintln!("still running after the runtimes' and podman's stops: {left:?}");
+    }
+    procs.kill_all();
 }

@@ -40,6 +40,7 @@ fn gc_cri_out(f: &Fixture, endpoint: &str) -> (i32, Value, String) {
         // The sandboxes here are made well before gc runs: no ADD is in progress.
         "--cri-min-age",
         "0",
+        // Meant: containerd's libcni cache is the system's (see one_containerd_at_a_time).
         "--cni-cache-dir",
         "/var/lib/cni",
         "--cri-endpoint",
@@ -123,7 +124,8 @@ fn start_agent(f: &Fixture, private: &PrivateRun, cache: &Path, extra: &[&str]) 
         args.push(flag.to_string());
         args.push(dir.display().to_string());
     }
-    // No ADD is in progress when the agent starts: the runtime may judge at once.
+    // No --cri-endpoint, meant: the agent finds containerd at its default socket, the
+    // private one. No ADD is in progress when the agent starts: it may judge at once.
     args.extend(
         ["--gc-interval", "1", "--cri-min-age", "0"]
             .iter()

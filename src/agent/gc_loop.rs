@@ -14,7 +14,11 @@ pub fn run(shared: &Shared, opts: &Options, stop: &Stop) {
         shared.health.beat(&shared.health.gc);
         let t0 = Instant::now();
         let mut gc = opts.gc.clone();
-        gc.cri = ask_runtimes(opts, shared, &mut seen);
+        gc.cri = ask_runtimes(opts, shared, &mut seen, stop);
+        // Stopped while a runtime was asked: no run to start, nothing to observe.
+        if stop.requested() {
+            return;
+        }
         let mut left = None;
         match crate::gc::run(&gc) {
             Ok(mut report) => {
@@ -54,7 +58,12 @@ struct Seen {
 
 /// The runtimes' judgement for this run (None: no runtime, or none that may judge),
 /// with their answers in the metrics.
-fn ask_runtimes(opts: &Options, shared: &Shared, seen: &mut Seen) -> Option<crate::cri::Judgement> {
+fn ask_runtimes(
+    opts: &Options,
+    shared: &Shared,
+    seen: &mut Seen,
+    stop: &Stop,
+) -> Option<crate::cri::Judgement> {
     let endpoints = endpoints(opts);
     if seen.endpoints.as_ref() != Some(&endpoints) {
         if endpoints.is_empty() {
@@ -64,7 +73,12 @@ fn ask_runtimes(opts: &Options, shared: &Shared, seen: &mut Seen) -> Option<crat
         }
         seen.endpoints = Some(endpoints.clone());
     }
-    let consulted = (!endpoints.is_empty()).then(|| consult(opts, &endpoints));
+    let consulted = if endpoints.is_empty() {
+        None
+    } else {
+        // None: stopping, so nothing is observed of a call given up.
+        Some(consult(opts, &endpoints, stop)?)
+    };
     let not_cri = consulted.as_ref().map_or(&[][..], |c| &c.not_cri[..]);
     if not_cri != seen.not_cri.as_slice() {
         for e in not_cri {
@@ -90,8 +104,9 @@ fn endpoints(opts: &Options) -> Vec<String> {
 }
 
 /// The runtimes' word on the networks concerned: the ones named, else the chosen
-/// conflists' that the runtime says it serves.
-fn consult(opts: &Options, endpoints: &[String]) -> crate::cri::Consulted {
+/// conflists' that the runtime says it serves; None once `stop` is requested, so a hung
+/// runtime holds a stopping agent for a poll interval, not the CRI timeout.
+fn consult(opts: &Options, endpoints: &[String], stop: &Stop) -> Option<crate::cri::Consulted> {
     use crate::cri::Served;
     // Named networks are judged as named; otherwise the runtimes say which they serve.
     let (networks, reported) = if opts.cri_networks.is_empty() {
@@ -104,7 +119,7 @@ fn consult(opts: &Options, endpoints: &[String]) -> crate::cri::Consulted {
         (opts.cri_networks.clone(), false)
     };
     if networks.is_empty() {
-        return crate::cri::Consulted::default();
+        return Some(crate::cri::Consulted::default());
     }
     let discovered = opts.cri == CriEndpoints::Auto;
     let default_network = conf::networks(&opts.conf_dir, &Choice::First)
@@ -119,12 +134,13 @@ fn consult(opts: &Options, endpoints: &[String]) -> crate::cri::Consulted {
     } else {
         Served::Any
     };
-    crate::cri::consult(
+    crate::cri::consult_until(
         endpoints,
         &networks,
         served,
         discovered,
         crate::cri::TIMEOUT,
+        &stop.flag(),
     )
 }
 

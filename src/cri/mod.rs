@@ -10,7 +10,7 @@
 pub mod api;
 pub mod runtimes;
 
-pub use runtimes::{consult, discover, Answer, Consulted, Served};
+pub use runtimes::{consult, consult_until, discover, Answer, Consulted, Served};
 
 use anyhow::{bail, Context, Result};
 use std::collections::{HashMap, HashSet};

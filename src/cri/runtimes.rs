@@ -11,8 +11,11 @@ use super::{api, block_on, connect, unary, AdoptedChains, Judgement, UNANSWERED}
 use anyhow::{Context, Result};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+/// How often a CRI call in progress looks at the caller's stop flag.
+const STOP_POLL: Duration = Duration::from_millis(100);
 
 /// Where the CRI runtimes listen unless configured otherwise: containerd, CRI-O (which
 /// documents `/var/run/crio/crio.sock`; `/var/run` is a link to `/run` on most nodes),
@@ -172,12 +175,49 @@ pub fn consult(
     discovered: bool,
     timeout: Duration,
 ) -> Consulted {
+    let never = AtomicBool::new(false);
+    consult_until(endpoints, networks, served, discovered, timeout, &never).unwrap_or_default()
+}
+
+/// `ask`, given up (None) once `stop` is set: a stopping agent does not wait out the
+/// timeout of a runtime that accepts and never answers.
+async fn ask_until(
+    endpoint: &str,
+    want_served: bool,
+    timeout: Duration,
+    stop: &AtomicBool,
+) -> Option<Result<Reply>> {
+    let mut call = Box::pin(ask(endpoint, want_served, timeout));
+    loop {
+        if stop.load(Ordering::SeqCst) {
+            return None;
+        }
+        if let Ok(reply) = tokio::time::timeout(STOP_POLL, &mut call).await {
+            return Some(reply);
+        }
+    }
+}
+
+/// `consult`, given up once `stop` is set (None: nothing judged, nothing counted as
+/// unanswered; the caller is stopping).
+pub fn consult_until(
+    endpoints: &[String],
+    networks: &[String],
+    served: Served,
+    discovered: bool,
+    timeout: Duration,
+    stop: &AtomicBool,
+) -> Option<Consulted> {
     let fetched_at = crate::time::now();
     let want_served = matches!(served, Served::Reported { .. });
     let mut not_cri = Vec::new();
     let mut replies = Vec::new();
     for e in endpoints {
-        let reply = block_on(ask(e, want_served, timeout)).and_then(|r| r);
+        let reply = match block_on(ask_until(e, want_served, timeout, stop)) {
+            Ok(Some(reply)) => reply,
+            Ok(None) => return None,
+            Err(err) => Err(err),
+        };
         match &reply {
             Err(err) if discovered && err.is::<NotCri>() => not_cri.push(e.clone()),
             Err(_) => {
@@ -189,7 +229,7 @@ pub fn consult(
     }
     let mut consulted = merge(replies, networks, served, fetched_at);
     consulted.not_cri = not_cri;
-    consulted
+    Some(consulted)
 }
 
 /// Only when every runtime answered is anything judged (a sandbox of a silent runtime
@@ -544,6 +584,36 @@ mod tests {
         assert!(merge(Vec::new(), &wanted, Served::Any, 100)
             .judgement
             .is_none());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_stop_gives_up_the_call_to_a_runtime_that_never_answers() {
+        use std::os::unix::net::UnixListener;
+        use std::sync::Arc;
+        let root = scratch("hung");
+        // Bound and never accepted: connections wait in the backlog, unanswered.
+        let path = root.join("hung.sock");
+        let _hung = UnixListener::bind(&path).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let setter = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            flag.store(true, Ordering::SeqCst);
+        });
+        let t0 = std::time::Instant::now();
+        let consulted = consult_until(
+            &[format!("unix://{}", path.display())],
+            &["net1".to_string()],
+            Served::Any,
+            false,
+            Duration::from_secs(10),
+            &stop,
+        );
+        let took = t0.elapsed();
+        setter.join().unwrap();
+        assert!(consulted.is_none());
+        assert!(took < Duration::from_secs(3), "took {took:?}");
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -263,6 +263,180 @@ impl Drop for PrivateRun {
     }
 }
 
+/// The fields of `/proc/<pid>/stat` after the command name (the state first).
+pub fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
+/// A process as the test met it: its PID and start time (clock ticks since boot),
+/// which a process reusing the PID later does not share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Proc {
+    pub pid: u32,
+    pub start: u64,
+}
+
+impl Proc {
+    pub fn of(pid: u32) -> Option<Proc> {
+        // `starttime` is field 22, the 20th after the command name.
+        let start = stat_fields(pid)?.get(19)?.parse().ok()?;
+        Some(Proc { pid, start })
+    }
+
+    pub fn parent(&self) -> Option<u32> {
+        stat_fields(self.pid)?.get(1)?.parse().ok()
+    }
+
+    /// Still the process the test met, and not yet exited.
+    pub fn alive(&self) -> bool {
+        Proc::of(self.pid) == Some(*self) && !process_gone(self.pid, 0)
+    }
+
+    /// Its children, from every thread's `/proc/<pid>/task/<tid>/children`; each checked
+    /// to have it as its parent once met (its PID was not reused in between).
+    pub fn children(&self) -> Vec<Proc> {
+        fs::read_dir(format!("/proc/{}/task", self.pid))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .flat_map(|t| {
+                fs::read_to_string(t.path().join("children"))
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .filter_map(|c| c.parse().ok())
+                    .collect::<Vec<u32>>()
+            })
+            .filter_map(Proc::of)
+            .filter(|c| c.parent() == Some(self.pid))
+            .collect()
+    }
+}
+
+/// `roots` still alive and every process descending from them now.
+pub fn tree(roots: &[Proc]) -> Vec<Proc> {
+    let mut out: Vec<Proc> = Vec::new();
+    let mut todo: Vec<Proc> = roots.iter().copied().filter(Proc::alive).collect();
+    while let Some(p) = todo.pop() {
+        if !out.contains(&p) {
+            todo.extend(p.children());
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// The runtime's processes, killed on drop (containerd's own drop stops only a
+/// containerd still running): the ones the test started or met, each with whatever
+/// descends from it then. containerd, and per pod its pause process and the shim that
+/// is its parent (the shim daemonizes, so it is no child of containerd's). Each is
+/// known by PID and start time, never by its namespaces: a namespace's inode is reused
+/// once it is gone, and another test's runtime may have it then. The cgroups runc made
+/// for pods killed behind containerd's back are removed once empty.
+pub struct RuntimeProcs {
+    roots: Vec<Proc>,
+    cgroups: Vec<PathBuf>,
+}
+
+impl RuntimeProcs {
+    pub fn new(containerd: u32) -> RuntimeProcs {
+        RuntimeProcs {
+            roots: Proc::of(containerd).into_iter().collect(),
+            cgroups: Vec::new(),
+        }
+    }
+
+    /// A pod's pause process, its shim (returned), and its cgroups (named by its
+    /// sandbox `id`).
+    pub fn add_pause(&mut self, pid: u32, id: &str) -> Proc {
+        let pause = Proc::of(pid).unwrap_or_else(|| panic!("pause {pid} is gone"));
+        let shim = pause.parent().and_then(Proc::of).expect("pause's parent");
+        let comm = fs::read_to_string(format!("/proc/{}/comm", shim.pid)).unwrap_or_default();
+        assert!(
+            comm.starts_with("containerd-shim"),
+            "pause's parent: {comm}"
+        );
+        self.roots.extend([pause, shim]);
+        for line in fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .unwrap_or_default()
+            .lines()
+        {
+            let mut f = line.splitn(3, ':').skip(1);
+            let (Some(ctrls), Some(path)) = (f.next(), f.next()) else {
+                continue;
+            };
+            if !path.ends_with(id) {
+                continue;
+            }
+            let ctrl = if ctrls.is_empty() {
+                "unified"
+            } else {
+                ctrls.trim_start_matches("name=")
+            };
+            for root in [format!("/sys/fs/cgroup/{ctrl}"), "/sys/fs/cgroup".into()] {
+                let dir = PathBuf::from(format!("{root}{path}"));
+                if dir.is_dir() {
+                    self.cgroups.push(dir);
+                    break;
+                }
+            }
+        }
+        shim
+    }
+
+    pub fn signal(procs: &[Proc]) {
+        for p in procs {
+            if p.alive() {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &p.pid.to_string()])
+                    .output();
+            }
+        }
+    }
+
+    /// `procs` and their descendants, waited for.
+    pub fn kill(procs: &[Proc]) {
+        let all = tree(procs);
+        Self::signal(&all);
+        for p in &all {
+            assert!(process_gone(p.pid, 10), "pid {} did not exit", p.pid);
+        }
+    }
+
+    /// Another process the test started (containerd started again, a container's
+    /// conmon), with whatever descends from it.
+    pub fn add(&mut self, pid: u32) {
+        self.roots
+            .extend(Proc::of(pid).filter(|p| !self.roots.contains(p)));
+    }
+
+    /// Those still running of the ones met, and their descendants.
+    pub fn alive(&self) -> Vec<Proc> {
+        tree(&self.roots)
+    }
+
+    /// Every process of the runtime.
+    pub fn kill_all(&mut self) {
+        Self::kill(&std::mem::take(&mut self.roots));
+    }
+}
+
+impl Drop for RuntimeProcs {
+    fn drop(&mut self) {
+        Self::signal(&tree(&self.roots));
+        for dir in &self.cgroups {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while dir.exists()
+                && fs::remove_dir(dir).is_err()
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
 /// containerd running in the test host namespace; stopped by PID on drop.
 pub struct Containerd {
     pub dir: PathBuf,
