@@ -90,25 +90,52 @@ fn pod_with_device(f: &Fixture, cid: &str) -> Netns {
 }
 
 fn put_device(f: &Fixture, pod: &Netns) {
+    put_link(f, pod, POD_NAME, ALIAS)
+}
+
+/// A veth end moved in from the host as `name`, with the alias `alias`, up.
+fn put_link(f: &Fixture, pod: &Netns, name: &str, alias: &str) {
     let peer = format!("clvh{}", next_id());
     run({
         let mut c = f.host.cmd("ip");
-        c.args([
-            "link", "add", &peer, "type", "veth", "peer", "name", POD_NAME,
-        ]);
+        c.args(["link", "add", &peer, "type", "veth", "peer", "name", name]);
         c
     });
     run({
         let mut c = f.host.cmd("ip");
-        c.args(["link", "set", POD_NAME, "netns", pod.name()]);
+        c.args(["link", "set", name, "netns", pod.name()]);
         c
     });
     run({
         let mut c = pod.exec("ip");
-        c.args(["link", "set", POD_NAME, "alias", ALIAS, "up"]);
+        c.args(["link", "set", name, "alias", alias, "up"]);
         c
     });
-    assert!(host_link(f, POD_NAME).is_none());
+    assert!(host_link(f, name).is_none());
+}
+
+/// The names of the links in the test's host namespace.
+fn host_links(f: &Fixture) -> std::collections::BTreeSet<String> {
+    let out = run({
+        let mut c = f.host.cmd("ip");
+        c.args(["-j", "link", "show"]);
+        c
+    });
+    let v: Value = serde_json::from_str(&out).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["ifname"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// `ip` in the pod's namespace, as a process of the pod (root in it) would run it.
+fn pod_ip(pod: &Netns, args: &[&str]) {
+    run({
+        let mut c = pod.exec("ip");
+        c.args(args);
+        c
+    });
 }
 
 /// The neutral name DEL gives the pod's `devx0` when nothing was recorded: a veth has
@@ -242,13 +269,13 @@ fn without_the_option_del_leaves_the_link_alone() {
 fn a_device_that_cannot_move_never_fails_del_and_list_shows_it() {
     require_root!();
     let f = fixture(Some(json!({"names": ["dev*"]})));
-    let pod = pod_with_device(&f, "c-5");
-    // A bridge is local to its namespace: the kernel refuses to move it.
-    run({
-        let mut c = pod.exec("ip");
-        c.args(["link", "add", "devbr0", "type", "bridge"]);
-        c
-    });
+    let pod = Netns::new();
+    put_device(&f, &pod);
+    // A bridge is local to its namespace: the kernel refuses to move it. Made before
+    // ADD, so the tail records it (one made after would be left in the pod).
+    pod_ip(&pod, &["link", "add", "devbr0", "type", "bridge"]);
+    f.add("c-5", "eth0", Some(&pod.path_str()), None)
+        .unwrap_or_else(|e| panic!("ADD: {e}\nlog:\n{}", f.log()));
     f.del("c-5", "eth0", Some(&pod.path_str()), None)
         .unwrap_or_else(|e| panic!("DEL failed: {e}\nlog:\n{}", f.log()));
     assert_returned_as(&f, &pod, ALIAS);
@@ -332,8 +359,8 @@ fn only_the_namespace_with_the_recorded_cookie_gives_up_devices() {
         let spec = Spec {
             names: vec!["dev*".into()],
         };
-        let wrong = return_devices(&path, cookie + 1, &spec, &[]);
-        let right = return_devices(&path, cookie, &spec, &[]);
+        let wrong = return_devices(&path, cookie + 1, &spec, None);
+        let right = return_devices(&path, cookie, &spec, None);
         (wrong, right)
     })
     .join()
@@ -470,4 +497,128 @@ fn a_mac_the_pod_sets_never_names_the_device() {
         log.contains(&format!("to the host as {neutral} (by first free devN)")),
         "{log}"
     );
+}
+
+/// A virtual link moved in before ADD (as host-device moves one) is recorded by the tail
+/// and comes back under its recorded name; a veth pair the pod makes after ADD under
+/// names the pattern matches stays in the pod: nothing new appears on the host but the
+/// recorded link, and the pod's links are logged as left.
+#[test]
+fn a_virtual_link_the_pod_makes_after_add_stays_in_the_pod() {
+    require_root!();
+    let f = fixture(Some(json!({"names": ["net*"]})));
+    let pod = Netns::new();
+    put_link(&f, &pod, "net0", ALIAS);
+    f.add("c-v1", "eth0", Some(&pod.path_str()), None)
+        .unwrap_or_else(|e| panic!("ADD: {e}\nlog:\n{}", f.log()));
+    pod_ip(
+        &pod,
+        &[
+            "link", "add", "net7", "type", "veth", "peer", "name", "net8",
+        ],
+    );
+    pod_ip(&pod, &["link", "set", "net7", "alias", "cni0"]);
+    let before = host_links(&f);
+    f.del("c-v1", "eth0", Some(&pod.path_str()), None)
+        .unwrap_or_else(|e| panic!("DEL: {e}\nlog:\n{}", f.log()));
+    let added: Vec<_> = host_links(&f).difference(&before).cloned().collect();
+    assert_eq!(added, vec![ALIAS.to_string()], "log:\n{}", f.log());
+    assert!(pod_link(&pod, "net0").is_none(), "net0 still in the pod");
+    assert!(pod_link(&pod, "net7").is_some() && pod_link(&pod, "net8").is_some());
+    let log = f.log();
+    assert!(
+        log.contains(
+            "returned netdev net0 (no bus address) to the host as ens9f0 (by name recorded at ADD)"
+        ),
+        "{log}"
+    );
+    for l in ["net7", "net8"] {
+        let ifindex = pod_link(&pod, l).unwrap()["ifindex"].clone();
+        assert!(
+            log.contains(&format!(
+                "info DEL cltest/c-v1/eth0: link {l} (ifindex {ifindex}) left in the pod: not recorded at ADD"
+            )),
+            "{log}"
+        );
+    }
+    assert!(!log.contains("could not return"), "{log}");
+    assert!(f.record_files().is_empty());
+    assert!(f.list_json().is_empty(), "{:#?}", f.list_json());
+}
+
+/// The pod deletes the virtual link the host gave it and makes another under the same
+/// name, ifindex and alias: the kernel gave the new one a new sysfs inode, which the
+/// tail recorded for the first, so it stays in the pod.
+#[test]
+fn a_link_the_pod_remakes_with_the_recorded_ifindex_stays_in_the_pod() {
+    require_root!();
+    let f = fixture(Some(json!({"names": ["net*"]})));
+    let pod = Netns::new();
+    put_link(&f, &pod, "net0", ALIAS);
+    let ifindex = pod_link(&pod, "net0").unwrap()["ifindex"]
+        .as_u64()
+        .unwrap()
+        .to_string();
+    f.add("c-v2", "eth0", Some(&pod.path_str()), None)
+        .unwrap_or_else(|e| panic!("ADD: {e}\nlog:\n{}", f.log()));
+    pod_ip(&pod, &["link", "del", "net0"]);
+    pod_ip(
+        &pod,
+        &[
+            "link", "add", "net0", "index", &ifindex, "type", "veth", "peer", "name", "net9",
+        ],
+    );
+    pod_ip(&pod, &["link", "set", "net0", "alias", ALIAS]);
+    assert_eq!(
+        pod_link(&pod, "net0").unwrap()["ifindex"].to_string(),
+        ifindex
+    );
+    let before = host_links(&f);
+    f.del("c-v2", "eth0", Some(&pod.path_str()), None)
+        .unwrap_or_else(|e| panic!("DEL: {e}\nlog:\n{}", f.log()));
+    let added: Vec<_> = host_links(&f).difference(&before).cloned().collect();
+    assert!(added.is_empty(), "{added:?}\nlog:\n{}", f.log());
+    assert!(pod_link(&pod, "net0").is_some() && pod_link(&pod, "net9").is_some());
+    let log = f.log();
+    assert!(
+        log.contains(&format!(
+            "link net0 (ifindex {ifindex}) left in the pod: not recorded at ADD"
+        )),
+        "{log}"
+    );
+}
+
+/// Without the tail there is no list of what the host gave the pod: every link a
+/// pattern matches goes back, the pod's own too, under neutral names (never the ones
+/// the pod gave them). Only the tail's note makes the rule exact (docs/OPERATING.md).
+#[test]
+fn without_the_tail_links_the_pod_makes_go_back_neutrally_named() {
+    require_root!();
+    let f = fixture_with(Some(json!({"names": ["net*"]})), false);
+    let pod = Netns::new();
+    put_link(&f, &pod, "net0", ALIAS);
+    f.add("c-v3", "eth0", Some(&pod.path_str()), None)
+        .unwrap_or_else(|e| panic!("ADD: {e}\nlog:\n{}", f.log()));
+    pod_ip(
+        &pod,
+        &[
+            "link", "add", "net7", "type", "veth", "peer", "name", "net8",
+        ],
+    );
+    let before = host_links(&f);
+    f.del("c-v3", "eth0", Some(&pod.path_str()), None)
+        .unwrap_or_else(|e| panic!("DEL: {e}\nlog:\n{}", f.log()));
+    let added: Vec<_> = host_links(&f).difference(&before).cloned().collect();
+    assert_eq!(added.len(), 3, "{added:?}\nlog:\n{}", f.log());
+    assert!(added.iter().all(|n| n.starts_with("dev")), "{added:?}");
+    for n in &added {
+        let l = host_link(&f, n).unwrap();
+        assert!(!is_up(&l), "{l:#}");
+    }
+    for l in ["net0", "net7", "net8"] {
+        assert!(pod_link(&pod, l).is_none(), "{l} still in the pod");
+    }
+    let log = f.log();
+    assert!(log.contains("returned netdev net7"), "{log}");
+    assert!(!log.contains("left in the pod"), "{log}");
 }

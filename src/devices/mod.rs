@@ -130,11 +130,23 @@ pub struct Outcome {
     pub rdma_note: Option<String>,
     /// Links whose alias at DEL is not the host name recorded when the chain completed.
     pub mismatches: Vec<Mismatch>,
+    /// Virtual links a `names` pattern matched that the tail's note did not record: made
+    /// in the namespace after ADD (by the pod), so left there to die with it.
+    pub left: Vec<Left>,
 }
 
-/// A link's host name as recorded when the chain completed (the tail's ADD), before the
-/// pod's containers could run: what its alias said then. Matched at DEL by bus address
-/// and ifindex, which the pod cannot change (unlike the link's name and alias).
+/// A virtual link left in the pod's namespace: not recorded at ADD.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Left {
+    pub pod_name: String,
+    pub ifindex: u32,
+}
+
+/// A returnable link as recorded when the chain completed (the tail's ADD), before the
+/// pod's containers could run, with its host name: what its alias said then (empty: it
+/// had no valid alias, and DEL names it neutrally; only virtual links are recorded so).
+/// Matched at DEL by bus address, ifindex and the sysfs inode, none of which the pod
+/// can change (unlike the link's name and alias), nor choose for a link it makes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Recorded {
@@ -143,20 +155,35 @@ pub struct Recorded {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bus_address: Option<String>,
     pub host_name: String,
+    /// Absent in notes of older releases (and then not compared).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sysfs_ino: Option<u64>,
 }
 
 impl Recorded {
     fn is(&self, l: &select::PodLink) -> bool {
-        self.ifindex == l.ifindex && self.bus_address == l.bus_address
+        self.ifindex == l.ifindex
+            && self.bus_address == l.bus_address
+            && self.sysfs_ino.is_none_or(|i| l.sysfs_ino == Some(i))
+    }
+
+    /// The recorded host name, if one was (see the struct).
+    fn name(&self) -> Option<&str> {
+        Some(self.host_name.as_str()).filter(|n| !n.is_empty())
     }
 }
 
 /// The recorded names a chain note holds (`chain.devices`); none when it holds none or
 /// they do not decode.
 pub fn recorded_in(devices: Option<&Value>) -> Vec<Recorded> {
-    devices
-        .and_then(|v| serde_json::from_value(v.clone()).ok())
-        .unwrap_or_default()
+    recorded_list(devices).unwrap_or_default()
+}
+
+/// The links the tail recorded (`chain.devices`), or None when the note has no list
+/// (no tail, or an older release's): only a list says which virtual links the host
+/// gave the pod. A list that does not decode counts as empty: the tail looked.
+pub fn recorded_list(devices: Option<&Value>) -> Option<Vec<Recorded>> {
+    devices.map(|v| serde_json::from_value(v.clone()).unwrap_or_default())
 }
 
 /// A link whose alias at DEL disagrees with its recorded host name: the pod rewrote it
@@ -180,8 +207,15 @@ fn failure(device: &str, bus_address: Option<String>, error: impl std::fmt::Disp
 /// Moves the devices in the namespace at `netns` back to the namespace this process
 /// runs in (the host's), if the namespace opened there has the cookie `cookie` (the
 /// record's): what is entered is exactly what was checked, however the path changes in
-/// between. Never fails: what goes wrong is in `Outcome::failures`.
-pub fn return_devices(netns: &str, cookie: u64, spec: &Spec, recorded: &[Recorded]) -> Outcome {
+/// between. With `recorded` (the tail's list), a virtual link goes only if it is on the
+/// list; without, every link `spec` selects goes. Never fails: what goes wrong is in
+/// `Outcome::failures`.
+pub fn return_devices(
+    netns: &str,
+    cookie: u64,
+    spec: &Spec,
+    recorded: Option<&[Recorded]>,
+) -> Outcome {
     let fail = |step: &str, e: &dyn std::fmt::Display| Outcome {
         failures: vec![failure("-", None, format!("{step}: {e}"))],
         ..Outcome::default()
@@ -211,13 +245,19 @@ pub fn return_devices(netns: &str, cookie: u64, spec: &Spec, recorded: &[Recorde
         Err(e) => return fail(&format!("reading the cookie of {netns}"), &e),
     }
     let patterns = spec.names.clone();
-    let recorded = recorded.to_vec();
+    let recorded = recorded.map(<[Recorded]>::to_vec);
     // setns changes the calling thread's namespace for good, and whatever it runs or
     // spawns later inherits it: so it happens only on this thread, which then ends.
     let worker = std::thread::Builder::new()
         .name("return-devices".into())
         .spawn(move || {
-            move_to_host_from_pod_ns(&pod_ns, &host_ns, host_names, &patterns, &recorded)
+            move_to_host_from_pod_ns(
+                &pod_ns,
+                &host_ns,
+                host_names,
+                &patterns,
+                recorded.as_deref(),
+            )
         });
     match worker {
         Ok(handle) => handle
@@ -265,13 +305,13 @@ fn enter(pod_ns: &File) -> Result<(), String> {
 }
 
 /// Runs on the dedicated thread: enter the pod's namespace, get a sysfs that shows it,
-/// move RDMA devices and then netdevs to `host_ns`.
+/// move RDMA devices and then netdevs to `host_ns` (see `return_devices`).
 fn move_to_host_from_pod_ns(
     pod_ns: &File,
     host_ns: &File,
     mut taken: HashSet<String>,
     patterns: &[String],
-    recorded: &[Recorded],
+    recorded: Option<&[Recorded]>,
 ) -> Outcome {
     let mut out = Outcome::default();
     if let Err(e) = enter(pod_ns) {
@@ -308,10 +348,18 @@ fn move_to_host_from_pod_ns(
     let mut links = links;
     fill_perm_macs(&mut conn, &mut links);
     for l in select::select(&links, patterns) {
-        let rec = recorded
-            .iter()
-            .find(|r| r.is(l))
-            .map(|r| r.host_name.as_str());
+        let found = recorded.unwrap_or_default().iter().find(|r| r.is(l));
+        // A virtual link the tail did not record was made after ADD, by the pod: what it
+        // does may decide nothing on the host. (A hardware one the kernel would return
+        // at the namespace's end anyway.)
+        if !l.hardware && recorded.is_some() && found.is_none() {
+            out.left.push(Left {
+                pod_name: l.name.clone(),
+                ifindex: l.ifindex,
+            });
+            continue;
+        }
+        let rec = found.and_then(Recorded::name);
         if let Some(rec) = rec.filter(|r| l.alias.as_deref() != Some(*r)) {
             out.mismatches.push(Mismatch {
                 pod_name: l.name.clone(),
@@ -411,10 +459,11 @@ fn bus_of(sysfs_dir: &Path) -> Option<String> {
         .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()))
 }
 
-/// The tail's part at ADD: the host names (aliases) of the links `spec` would return
-/// from the namespace at `netns`, read now, when the chain has completed and before the
-/// pod's containers run. Links without a valid alias are not recorded (DEL gives them a
-/// neutral name).
+/// The tail's part at ADD: the links `spec` would return from the namespace at `netns`
+/// and their host names (aliases), read now, when the chain has completed and before
+/// the pod's containers run. A hardware link without a valid alias is not recorded (DEL
+/// gives it a neutral name); a virtual one is, with an empty host name (DEL returns only
+/// the virtual links recorded, and names that one neutrally).
 pub fn record_names(netns: &str, spec: &Spec) -> Result<Vec<Recorded>, String> {
     let pod_ns = File::open(netns).map_err(|e| format!("opening {netns}: {e}"))?;
     let patterns = spec.names.clone();
@@ -428,12 +477,16 @@ pub fn record_names(netns: &str, spec: &Spec) -> Result<Vec<Recorded>, String> {
             Ok(select::select(&links, &patterns)
                 .into_iter()
                 .filter_map(|l| {
-                    let alias = l.alias.as_deref().filter(|a| naming::valid_ifname(a))?;
+                    let alias = l.alias.as_deref().filter(|a| naming::valid_ifname(a));
+                    if alias.is_none() && l.hardware {
+                        return None;
+                    }
                     Some(Recorded {
                         pod_name: l.name.clone(),
                         ifindex: l.ifindex,
                         bus_address: l.bus_address.clone(),
-                        host_name: alias.to_string(),
+                        host_name: alias.unwrap_or_default().to_string(),
+                        sysfs_ino: l.sysfs_ino,
                     })
                 })
                 .collect())
@@ -467,15 +520,15 @@ pub fn at_del(ledger: &Ledger, key: &Key, netns: &str, spec: &Spec, who: &str) {
     // The record is still there (devices go back before it does): its cookie names the
     // one namespace devices may be taken from.
     // The record reads with the tail's note, which holds the names recorded at ADD.
-    let (cookie, recorded) = match ledger.read(&key.stem()) {
+    let (cookie, list) = match ledger.read(&key.stem()) {
         Ok(Some(crate::ledger::Decoded::Ok(rec))) => (
             rec.netns_id.and_then(|id| id.cookie),
-            recorded_in(rec.chain.as_ref().and_then(|c| c.devices.as_ref())),
+            recorded_list(rec.chain.as_ref().and_then(|c| c.devices.as_ref())),
         ),
-        _ => (None, Vec::new()),
+        _ => (None, None),
     };
     let out = match cookie {
-        Some(cookie) => return_devices(netns, cookie, spec, &recorded),
+        Some(cookie) => return_devices(netns, cookie, spec, list.as_deref()),
         None => Outcome {
             failures: vec![failure(
                 "-",
@@ -528,6 +581,7 @@ pub fn at_del(ledger: &Ledger, key: &Key, netns: &str, spec: &Spec, who: &str) {
         .filter(|m| m.kind == DeviceKind::Netdev)
         .filter_map(|m| m.bus_address.clone())
         .collect();
+    let recorded = list.unwrap_or_default();
     give_back_returned(ledger, key, &recorded, &skip, who);
     state::forget(ledger, key);
     for m in &out.mismatches {
@@ -542,6 +596,13 @@ pub fn at_del(ledger: &Ledger, key: &Key, netns: &str, spec: &Spec, who: &str) {
         if let Err(e) = failure_note::write_mismatches(ledger, key, &out.mismatches) {
             crate::error!("{who} {key}: cannot keep the alias mismatches: {e:#}");
         }
+    }
+    for l in &out.left {
+        crate::info!(
+            "{who} {key}: link {} (ifindex {}) left in the pod: not recorded at ADD",
+            l.pod_name,
+            l.ifindex
+        );
     }
     if let Some(why) = &out.rdma_note {
         crate::info!("{who} {key}: RDMA: none to return ({why})");
@@ -662,6 +723,68 @@ mod tests {
         ] {
             assert!(parse_option(&bad).is_err(), "{bad}");
         }
+    }
+
+    fn link(ifindex: u32, ino: Option<u64>) -> select::PodLink {
+        select::PodLink {
+            name: "net1".into(),
+            ifindex,
+            alias: None,
+            bus_address: None,
+            pci_address: None,
+            hardware: false,
+            loopback: false,
+            pci_multifunction: false,
+            dev_port: 0,
+            perm_mac: None,
+            pci_slot: None,
+            sysfs_ino: ino,
+        }
+    }
+
+    #[test]
+    fn a_recorded_link_is_known_by_ifindex_bus_address_and_sysfs_inode() {
+        let r: Recorded = serde_json::from_value(
+            json!({"podName": "net1", "ifindex": 5, "hostName": "", "sysfsIno": 77}),
+        )
+        .unwrap();
+        assert!(r.is(&link(5, Some(77))));
+        assert_eq!(r.name(), None);
+        // The pod deleted it and made another with the same ifindex: a new inode.
+        assert!(!r.is(&link(5, Some(78))));
+        assert!(!r.is(&link(5, None)));
+        assert!(!r.is(&link(6, Some(77))));
+        // An older release's note has no inode: ifindex and bus address decide.
+        let old: Recorded =
+            serde_json::from_value(json!({"podName": "net1", "ifindex": 5, "hostName": "ens9f0"}))
+                .unwrap();
+        assert!(old.is(&link(5, Some(78))) && old.is(&link(5, None)));
+        assert_eq!(old.name(), Some("ens9f0"));
+        // What older releases read: the fields they know, the inode an extra one.
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(
+            v,
+            json!({"podName": "net1", "ifindex": 5, "hostName": "", "sysfsIno": 77})
+        );
+        assert_eq!(
+            serde_json::to_value(&old).unwrap(),
+            json!({"podName": "net1", "ifindex": 5, "hostName": "ens9f0"})
+        );
+    }
+
+    #[test]
+    fn no_list_is_not_an_empty_list() {
+        assert_eq!(recorded_list(None), None);
+        assert_eq!(recorded_list(Some(&json!([]))), Some(Vec::new()));
+        // Undecodable: the tail looked, so it counts as nothing recorded.
+        assert_eq!(recorded_list(Some(&json!({"x": 1}))), Some(Vec::new()));
+        assert_eq!(
+            recorded_list(Some(
+                &json!([{"podName": "a", "ifindex": 2, "hostName": "b"}])
+            ))
+            .map(|l| l.len()),
+            Some(1)
+        );
     }
 
     #[test]

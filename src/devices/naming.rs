@@ -153,6 +153,7 @@ mod tests {
             dev_port: 0,
             perm_mac: Some("02:AB:cd:00:00:07".into()),
             pci_slot: None,
+            sysfs_ino: None,
         }
     }
 

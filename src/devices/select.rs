@@ -37,6 +37,10 @@ pub struct PodLink {
     /// The hotplug slot number firmware gives the PCI device's slot (`/sys/bus/pci/slots/
     /// N/address`), from which udev names the link `ens<N>` before any path name.
     pub pci_slot: Option<u32>,
+    /// The inode number of the link's sysfs directory: the kernel numbers each new one
+    /// afresh (never reused in a boot), keeps it across renames and namespace moves, and
+    /// no process chooses it, unlike the ifindex (`ip link add ... index N`).
+    pub sysfs_ino: Option<u64>,
 }
 
 /// The number of the hotplug slot at PCI address `addr` (`DDDD:BB:SS.F`), as udev's
@@ -145,6 +149,10 @@ pub fn scan(class_net: &Path) -> io::Result<Vec<PodLink>> {
             dev_port: read_number(&dir.join("dev_port")).unwrap_or(0),
             perm_mac: None,
             pci_slot,
+            sysfs_ino: std::fs::metadata(&dir).ok().map(|m| {
+                use std::os::unix::fs::MetadataExt;
+                m.ino()
+            }),
         });
     }
     links.sort_by_key(|l| l.ifindex);

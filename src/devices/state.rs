@@ -394,6 +394,7 @@ mod tests {
             dev_port: 0,
             perm_mac: Some("52:54:00:12:34:56".into()),
             pci_slot: None,
+            sysfs_ino: None,
         }
     }
 
@@ -403,6 +404,7 @@ mod tests {
             ifindex: 9,
             bus_address: Some(bus.into()),
             host_name: host.into(),
+            sysfs_ino: None,
         }
     }
 
