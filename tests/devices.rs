@@ -5,7 +5,9 @@
 //! `device` entry, so the `names` pattern selects it). "The host" is the test's private
 //! host namespace, where libcni, the plugins and `cni-ledger gc` run. The chain has the
 //! ledger's tail entry, which records the device's host name (its alias then) when the
-//! chain completes; the pod may rewrite the alias after, and DEL never uses it.
+//! chain completes; the pod may rewrite the alias after, and DEL never uses it. Being
+//! virtual, the stand-in goes back only because the tail recorded it: links the pod
+//! makes after ADD stay in its namespace.
 // Tests may unwrap: a panic there is a failed test with its message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

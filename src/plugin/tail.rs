@@ -164,7 +164,7 @@ fn device_names(
     match crate::devices::record_names(&args.netns, &spec) {
         Ok(names) => serde_json::to_value(names).ok(),
         Err(e) => {
-            crate::warn!("ADD {key}: tail: device names not recorded ({e}); DEL will give them neutral names");
+            crate::warn!("ADD {key}: tail: device names not recorded ({e}); DEL will give them neutral names and return every link the option selects, virtual ones the pod makes too");
             None
         }
     }
