@@ -347,7 +347,7 @@ fn true_returns_only_device_backed_links_so_a_veth_stays() {
 #[test]
 fn only_the_namespace_with_the_recorded_cookie_gives_up_devices() {
     require_root!();
-    use cni_ledger::devices::{return_devices, Spec};
+    use cni_ledger::devices::{return_devices, Recording, Spec};
     let f = fixture(Some(json!({"names": ["dev*"]})));
     let pod = pod_with_device(&f, "c-cookie");
     let host = std::fs::File::open(format!("/run/netns/{}", f.host.name())).unwrap();
@@ -361,8 +361,8 @@ fn only_the_namespace_with_the_recorded_cookie_gives_up_devices() {
         let spec = Spec {
             names: vec!["dev*".into()],
         };
-        let wrong = return_devices(&path, cookie + 1, &spec, None);
-        let right = return_devices(&path, cookie, &spec, None);
+        let wrong = return_devices(&path, cookie + 1, &spec, &Recording::default());
+        let right = return_devices(&path, cookie, &spec, &Recording::default());
         (wrong, right)
     })
     .join()
@@ -623,4 +623,87 @@ fn without_the_tail_links_the_pod_makes_go_back_neutrally_named() {
     let log = f.log();
     assert!(log.contains("returned netdev net7"), "{log}");
     assert!(!log.contains("left in the pod"), "{log}");
+}
+
+/// The tail's note of the attachment `cid`/eth0, as stored: (the envelope's note, its path).
+fn stored_note(f: &Fixture, cid: &str) -> (Value, std::path::PathBuf) {
+    let path = f
+        .ledger_dir
+        .join("notes")
+        .join(format!("cltest:{cid}:eth0.json"));
+    let env: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    (env["note"].clone(), path)
+}
+
+/// Rewrites the note at `path` with `note`, signed as the ledger signs it.
+fn restore_note(path: &std::path::Path, note: &Value) {
+    let body = serde_json::to_string(note).unwrap();
+    let env = format!(
+        "{{\"format\":1,\"sha256\":\"{}\",\"note\":{body}}}\n",
+        common::records::sha256_of(body.as_bytes())
+    );
+    std::fs::write(path, env).unwrap();
+}
+
+/// The tail's note keeps two lists: `devices`, the named links, as every release reads
+/// it; `links`, every link the option selected, unnamed virtual ones too, each with its
+/// sysfs inode. A note of an older release has only `devices`: DEL then keeps the old
+/// rule and returns a virtual link the pod made too (neutrally named, down).
+#[test]
+fn the_note_keeps_named_devices_for_every_release_and_the_whole_list_beside() {
+    require_root!();
+    let f = fixture(Some(json!({"names": ["net*"]})));
+    let pod = Netns::new();
+    put_link(&f, &pod, "net0", ALIAS);
+    pod_ip(
+        &pod,
+        &[
+            "link", "add", "net1", "type", "veth", "peer", "name", "net2",
+        ],
+    );
+    f.add("c-n1", "eth0", Some(&pod.path_str()), None)
+        .unwrap_or_else(|e| panic!("ADD: {e}\nlog:\n{}", f.log()));
+    let (note, path) = stored_note(&f, "c-n1");
+    let chain = &note["chain"];
+    let devices = chain["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 1, "{chain:#}");
+    assert_eq!(devices[0]["hostName"], json!(ALIAS), "{chain:#}");
+    let links = chain["links"].as_array().unwrap();
+    let mut pod_names: Vec<_> = links
+        .iter()
+        .map(|l| l["podName"].as_str().unwrap())
+        .collect();
+    pod_names.sort();
+    assert_eq!(pod_names, ["net0", "net1", "net2"], "{chain:#}");
+    assert!(
+        links.iter().all(|l| l["sysfsIno"].as_u64().is_some()),
+        "{chain:#}"
+    );
+
+    // As an older release wrote it: no `links`. A pair the pod makes now goes back too.
+    let mut old = note.clone();
+    old["chain"].as_object_mut().unwrap().remove("links");
+    restore_note(&path, &old);
+    pod_ip(
+        &pod,
+        &[
+            "link", "add", "net7", "type", "veth", "peer", "name", "net8",
+        ],
+    );
+    let before = host_links(&f);
+    f.del("c-n1", "eth0", Some(&pod.path_str()), None)
+        .unwrap_or_else(|e| panic!("DEL: {e}\nlog:\n{}", f.log()));
+    let added: Vec<_> = host_links(&f).difference(&before).cloned().collect();
+    assert!(
+        added.contains(&ALIAS.to_string()),
+        "{added:?}\nlog:\n{}",
+        f.log()
+    );
+    assert_eq!(
+        added.len(),
+        5,
+        "net0 by its name, four neutrally: {added:?}\n{}",
+        f.log()
+    );
+    assert!(!f.log().contains("left in the pod"), "{}", f.log());
 }

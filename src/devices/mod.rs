@@ -176,14 +176,45 @@ impl Recorded {
 /// The recorded names a chain note holds (`chain.devices`); none when it holds none or
 /// they do not decode.
 pub fn recorded_in(devices: Option<&Value>) -> Vec<Recorded> {
-    recorded_list(devices).unwrap_or_default()
+    devices
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_default()
 }
 
-/// The links the tail recorded (`chain.devices`), or None when the note has no list
-/// (no tail, or an older release's): only a list says which virtual links the host
-/// gave the pod. A list that does not decode counts as empty: the tail looked.
-pub fn recorded_list(devices: Option<&Value>) -> Option<Vec<Recorded>> {
-    devices.map(|v| serde_json::from_value(v.clone()).unwrap_or_default())
+/// What the tail recorded of the pod's links, as DEL uses it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recording {
+    pub links: Vec<Recorded>,
+    /// The list is whole (`chain.links`): a virtual link not on it was made after ADD.
+    /// False for a note without it (no tail, an older release's, a tail that could not
+    /// look): then every link the option selects goes, as before.
+    pub whole: bool,
+}
+
+impl Recording {
+    /// From a record's tail note: `links` when there (a list that does not decode counts
+    /// as empty: the tail looked), else the named links of `devices`.
+    pub fn of(chain: Option<&crate::ledger::record::ChainNote>) -> Recording {
+        match chain.and_then(|c| c.links.as_ref()) {
+            Some(v) => Recording {
+                links: serde_json::from_value(v.clone()).unwrap_or_default(),
+                whole: true,
+            },
+            None => Recording {
+                links: recorded_in(chain.and_then(|c| c.devices.as_ref())),
+                whole: false,
+            },
+        }
+    }
+
+    /// The links with a host name: what `chain.devices` holds.
+    pub fn named(&self) -> Vec<Recorded> {
+        self.links
+            .iter()
+            .filter(|r| r.name().is_some())
+            .cloned()
+            .collect()
+    }
 }
 
 /// A link whose alias at DEL disagrees with its recorded host name: the pod rewrote it
@@ -207,15 +238,10 @@ fn failure(device: &str, bus_address: Option<String>, error: impl std::fmt::Disp
 /// Moves the devices in the namespace at `netns` back to the namespace this process
 /// runs in (the host's), if the namespace opened there has the cookie `cookie` (the
 /// record's): what is entered is exactly what was checked, however the path changes in
-/// between. With `recorded` (the tail's list), a virtual link goes only if it is on the
-/// list; without, every link `spec` selects goes. Never fails: what goes wrong is in
+/// between. With a whole `recorded` list, a virtual link goes only if it is on it;
+/// otherwise every link `spec` selects goes. Never fails: what goes wrong is in
 /// `Outcome::failures`.
-pub fn return_devices(
-    netns: &str,
-    cookie: u64,
-    spec: &Spec,
-    recorded: Option<&[Recorded]>,
-) -> Outcome {
+pub fn return_devices(netns: &str, cookie: u64, spec: &Spec, recorded: &Recording) -> Outcome {
     let fail = |step: &str, e: &dyn std::fmt::Display| Outcome {
         failures: vec![failure("-", None, format!("{step}: {e}"))],
         ..Outcome::default()
@@ -245,19 +271,13 @@ pub fn return_devices(
         Err(e) => return fail(&format!("reading the cookie of {netns}"), &e),
     }
     let patterns = spec.names.clone();
-    let recorded = recorded.map(<[Recorded]>::to_vec);
+    let recorded = recorded.clone();
     // setns changes the calling thread's namespace for good, and whatever it runs or
     // spawns later inherits it: so it happens only on this thread, which then ends.
     let worker = std::thread::Builder::new()
         .name("return-devices".into())
         .spawn(move || {
-            move_to_host_from_pod_ns(
-                &pod_ns,
-                &host_ns,
-                host_names,
-                &patterns,
-                recorded.as_deref(),
-            )
+            move_to_host_from_pod_ns(&pod_ns, &host_ns, host_names, &patterns, &recorded)
         });
     match worker {
         Ok(handle) => handle
@@ -311,7 +331,7 @@ fn move_to_host_from_pod_ns(
     host_ns: &File,
     mut taken: HashSet<String>,
     patterns: &[String],
-    recorded: Option<&[Recorded]>,
+    recorded: &Recording,
 ) -> Outcome {
     let mut out = Outcome::default();
     if let Err(e) = enter(pod_ns) {
@@ -348,11 +368,11 @@ fn move_to_host_from_pod_ns(
     let mut links = links;
     fill_perm_macs(&mut conn, &mut links);
     for l in select::select(&links, patterns) {
-        let found = recorded.unwrap_or_default().iter().find(|r| r.is(l));
+        let found = recorded.links.iter().find(|r| r.is(l));
         // A virtual link the tail did not record was made after ADD, by the pod: what it
         // does may decide nothing on the host. (A hardware one the kernel would return
         // at the namespace's end anyway.)
-        if !l.hardware && recorded.is_some() && found.is_none() {
+        if !l.hardware && recorded.whole && found.is_none() {
             out.left.push(Left {
                 pod_name: l.name.clone(),
                 ifindex: l.ifindex,
@@ -520,15 +540,15 @@ pub fn at_del(ledger: &Ledger, key: &Key, netns: &str, spec: &Spec, who: &str) {
     // The record is still there (devices go back before it does): its cookie names the
     // one namespace devices may be taken from.
     // The record reads with the tail's note, which holds the names recorded at ADD.
-    let (cookie, list) = match ledger.read(&key.stem()) {
+    let (cookie, recording) = match ledger.read(&key.stem()) {
         Ok(Some(crate::ledger::Decoded::Ok(rec))) => (
             rec.netns_id.and_then(|id| id.cookie),
-            recorded_list(rec.chain.as_ref().and_then(|c| c.devices.as_ref())),
+            Recording::of(rec.chain.as_ref()),
         ),
-        _ => (None, None),
+        _ => (None, Recording::default()),
     };
     let out = match cookie {
-        Some(cookie) => return_devices(netns, cookie, spec, list.as_deref()),
+        Some(cookie) => return_devices(netns, cookie, spec, &recording),
         None => Outcome {
             failures: vec![failure(
                 "-",
@@ -581,8 +601,7 @@ pub fn at_del(ledger: &Ledger, key: &Key, netns: &str, spec: &Spec, who: &str) {
         .filter(|m| m.kind == DeviceKind::Netdev)
         .filter_map(|m| m.bus_address.clone())
         .collect();
-    let recorded = list.unwrap_or_default();
-    give_back_returned(ledger, key, &recorded, &skip, who);
+    give_back_returned(ledger, key, &recording.named(), &skip, who);
     state::forget(ledger, key);
     for m in &out.mismatches {
         crate::warn!(
@@ -773,18 +792,40 @@ mod tests {
     }
 
     #[test]
-    fn no_list_is_not_an_empty_list() {
-        assert_eq!(recorded_list(None), None);
-        assert_eq!(recorded_list(Some(&json!([]))), Some(Vec::new()));
-        // Undecodable: the tail looked, so it counts as nothing recorded.
-        assert_eq!(recorded_list(Some(&json!({"x": 1}))), Some(Vec::new()));
-        assert_eq!(
-            recorded_list(Some(
-                &json!([{"podName": "a", "ifindex": 2, "hostName": "b"}])
-            ))
-            .map(|l| l.len()),
-            Some(1)
-        );
+    fn only_a_links_list_is_whole_and_devices_keeps_the_named() {
+        use crate::ledger::record::ChainNote;
+        let note = |devices: Option<Value>, links: Option<Value>| ChainNote {
+            devices,
+            links,
+            ..ChainNote::default()
+        };
+        // No tail, or one that could not look.
+        assert_eq!(Recording::of(None), Recording::default());
+        assert_eq!(Recording::of(Some(&note(None, None))), Recording::default());
+        // An older release's note: its named links, not whole.
+        let old = Recording::of(Some(&note(
+            Some(json!([{"podName": "a", "ifindex": 2, "hostName": "b"}])),
+            None,
+        )));
+        assert!(!old.whole);
+        assert_eq!(old.links.len(), 1);
+        // This release's: `links` rules, even empty; undecodable counts as empty.
+        let empty = Recording::of(Some(&note(Some(json!([])), Some(json!([])))));
+        assert!(empty.whole && empty.links.is_empty());
+        let odd = Recording::of(Some(&note(None, Some(json!({"x": 1})))));
+        assert!(odd.whole && odd.links.is_empty());
+        let both = Recording::of(Some(&note(
+            Some(json!([{"podName": "a", "ifindex": 2, "hostName": "b"}])),
+            Some(json!([
+                {"podName": "a", "ifindex": 2, "hostName": "b", "sysfsIno": 7},
+                {"podName": "v", "ifindex": 3, "hostName": "", "sysfsIno": 8}
+            ])),
+        )));
+        assert!(both.whole);
+        assert_eq!(both.links.len(), 2);
+        // What `devices` keeps (and older releases read): the named one only.
+        assert_eq!(both.named().len(), 1);
+        assert_eq!(both.named()[0].host_name, "b");
     }
 
     #[test]

@@ -129,9 +129,16 @@ pub struct ChainNote {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub del_began_boot_ns: Option<u64>,
     /// `returnDevices`: the host names of the pod's devices when the chain completed,
-    /// before the pod could touch them (`devices::Recorded`, decoded there).
+    /// before the pod could touch them (`devices::Recorded`, decoded there): the links
+    /// that had one, as every release writes and reads it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub devices: Option<Value>,
+    /// `returnDevices`: every link the option selected when the chain completed, named
+    /// or not, with what identifies it (`devices::Recorded`). Its presence says the list
+    /// is whole: DEL then returns a virtual link only if it is on it. Absent in notes of
+    /// older releases, whose `devices` left unnamed links out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub links: Option<Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

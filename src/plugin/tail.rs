@@ -143,7 +143,18 @@ fn add(conf: &NetConf, args: &CmdArgs) -> Value {
             _ => None,
         };
         chain.result = conf.prev_result.clone();
-        chain.devices = device_names(conf, args, &key, rec);
+        let links = device_links(conf, args, &key, rec);
+        // `devices` as every release reads it (the named links); `links` whole, which
+        // only this release's DEL reads.
+        chain.devices = links.as_ref().and_then(|l| {
+            let named = crate::devices::Recording {
+                links: l.clone(),
+                whole: true,
+            }
+            .named();
+            serde_json::to_value(named).ok()
+        });
+        chain.links = links.and_then(|l| serde_json::to_value(l).ok());
     });
     match completed {
         Ok(()) => crate::info!("ADD {key}: chain completed"),
@@ -152,17 +163,18 @@ fn add(conf: &NetConf, args: &CmdArgs) -> Value {
     result
 }
 
-/// With `returnDevices` on in the head's entry: the host names of the pod's devices now,
-/// before its containers run (DEL names them so, never by what the pod wrote since).
-fn device_names(
+/// With `returnDevices` on in the head's entry: the pod's returnable links now, with
+/// their host names, before its containers run (DEL names them so, never by what the
+/// pod wrote since, and returns no virtual link the pod made after).
+fn device_links(
     conf: &NetConf,
     args: &CmdArgs,
     key: &Key,
     rec: &crate::ledger::Record,
-) -> Option<Value> {
+) -> Option<Vec<crate::devices::Recorded>> {
     let spec = crate::devices::spec_of_record(&Ledger::at(&conf.ledger_dir), rec)?;
     match crate::devices::record_names(&args.netns, &spec) {
-        Ok(names) => serde_json::to_value(names).ok(),
+        Ok(links) => Some(links),
         Err(e) => {
             crate::warn!("ADD {key}: tail: device names not recorded ({e}); DEL will give them neutral names and return every link the option selects, virtual ones the pod makes too");
             None
