@@ -4,7 +4,8 @@
 //! - installs the plugin binary into the CNI bin dir(s) from its own executable;
 //! - keeps the ledger first in the chosen conflist(s), watching the conf dir (inotify,
 //!   plus a periodic resync) and backing off from a writer that keeps reverting it;
-//! - counts attachments made while the ledger was out of the chain (libcni's cache);
+//! - counts attachments libcni's cache has and the ledger does not (made while it was
+//!   out of the chain, mostly);
 //! - runs gc at start and every `gc_interval`;
 //! - serves `/metrics`, `/healthz` and `/readyz`, read-only, and the probes alone on
 //!   `--probe-listen` when given, so that clients of the metrics port cannot starve

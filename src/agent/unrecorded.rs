@@ -1,8 +1,9 @@
-//! Attachments made while the ledger was out of the chain: libcni caches every ADD's
-//! result (`<cacheDir>/results/<net>-<cid>-<ifname>`, which names the attachment inside),
-//! so an entry of an injected network with no record is one gc could never replay.
-//! After every (re)injection they are adopted into the ledger, and what is left is
-//! counted and logged.
+//! Attachments the ledger has no record of: made while it was out of the chain (most
+//! often), by an ADD under `onLedgerError: warn`, or whose record went other than by
+//! their DEL. libcni caches every ADD's result (`<cacheDir>/results/<net>-<cid>-<ifname>`,
+//! which names the attachment inside), so an entry of an injected network with no record
+//! is one gc could never replay. After every (re)injection those made without the
+//! ledger are adopted into it, and what is left is counted and logged.
 
 use crate::ledger::Ledger;
 use std::collections::BTreeMap;
