@@ -448,9 +448,8 @@ fn reboot_under_the_agent_start_up_gc_replays_and_a_failing_plugin_backs_off_whi
 
     // A cron node's numbers: gc --metrics-file, the same names, through promtool.
     let prom = f.tmp.path().join("cni-ledger.prom");
-    for _ in 0..2 {
-        let out = f
-            .host
+    let gc_to_file = || {
+        f.host
             .cmd(ledger_bin())
             .args(["gc", "--now", "--ledger-dir"])
             .arg(&f.ledger_dir)
@@ -462,7 +461,10 @@ fn reboot_under_the_agent_start_up_gc_replays_and_a_failing_plugin_backs_off_whi
             .arg(&prom)
             .env_remove("CNI_COMMAND")
             .output()
-            .unwrap();
+            .unwrap()
+    };
+    for _ in 0..2 {
+        let out = gc_to_file();
         assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
     }
     let text = fs::read_to_string(&prom).unwrap();
@@ -495,20 +497,7 @@ fn reboot_under_the_agent_start_up_gc_replays_and_a_failing_plugin_backs_off_whi
     let ok_at = sample(&text, last).unwrap();
     assert!(ok_at > 1.7e9, "{text}");
     set_mode(&f.records_dir(), 0o770);
-    let out = f
-        .host
-        .cmd(ledger_bin())
-        .args(["gc", "--now", "--ledger-dir"])
-        .arg(&f.ledger_dir)
-        .arg("--cni-cache-dir")
-        .arg(&f.cache_dir)
-        .arg("--conf-dir")
-        .arg(&f.conf_dir)
-        .arg("--metrics-file")
-        .arg(&prom)
-        .env_remove("CNI_COMMAND")
-        .output()
-        .unwrap();
+    let out = gc_to_file();
     set_mode(&f.records_dir(), 0o700);
     assert!(!out.status.success(), "{}", describe(&out));
     let text = fs::read_to_string(&prom).unwrap();

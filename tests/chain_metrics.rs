@@ -229,15 +229,7 @@ fn gc_metrics_file_carries_failed_left_and_headroom_without_the_agent() {
         Some(1.0),
         "{m}"
     );
-    let range = format!("{p}.1-{p}.254", p = f.subnet_prefix);
-    assert_eq!(
-        sample(
-            &m,
-            &format!("cni_ledger_addresses_used{{network=\"{net}\",range=\"{range}\"}}")
-        ),
-        Some(1.0),
-        "{m}"
-    );
+    assert_eq!(addresses_used(&f, &m), Some(1.0), "{m}");
     promtool_check(&m);
     assert!(rec.exists(), "a live record is left alone");
     f.del("c-left", "eth0", Some(&ns.path_str()), None).unwrap();
@@ -281,15 +273,7 @@ fn gc_metrics_file_counts_the_records_the_run_left() {
         Some(1.0),
         "{m}"
     );
-    let range = format!("{p}.1-{p}.254", p = f.subnet_prefix);
-    assert_eq!(
-        sample(
-            &m,
-            &format!("cni_ledger_addresses_used{{network=\"{net}\",range=\"{range}\"}}")
-        ),
-        Some(1.0),
-        "{m}"
-    );
+    assert_eq!(addresses_used(&f, &m), Some(1.0), "{m}");
     promtool_check(&m);
     assert!(f.record_path("c-stays", "eth0").exists());
     assert!(!f.record_path("c-goes", "eth0").exists());
@@ -514,4 +498,16 @@ fn through_libcni_a_failed_add_is_torn_down_with_its_del_and_left_without() {
         sample(&agent.metrics(), &series("failed-torn-down")),
         Some(1.0)
     );
+}
+
+/// host-local's used count of the fixture's one range, as the metrics file has it.
+fn addresses_used(f: &Fixture, m: &str) -> Option<f64> {
+    let range = format!("{p}.1-{p}.254", p = f.subnet_prefix);
+    sample(
+        m,
+        &format!(
+            "cni_ledger_addresses_used{{network=\"{}\",range=\"{range}\"}}",
+            f.network
+        ),
+    )
 }
