@@ -221,26 +221,23 @@ pub fn replace_if_unchanged(path: &Path, read: &ReadConf, bytes: &[u8]) -> Resul
         fsio::fsync_dir(dir)?;
         return Ok(Replaced::Done { ino: ours });
     }
-    // Another writer's file was displaced: put it back.
-    exchange(&tmp, path).with_context(|| {
-        format!(
-            "putting back {} (kept as {})",
-            path.display(),
-            tmp.display()
-        )
-    })?;
-    let back_is_ours = std::fs::symlink_metadata(&tmp).is_ok_and(|m| m.ino() == ours)
-        && std::fs::read(&tmp).is_ok_and(|b| b == bytes);
-    if !back_is_ours {
-        // A newer write still landed on the name after the swap (a rename over it, or
-        // a write into the new file): that one is the latest; it goes back in place.
+    let put_back = || {
         exchange(&tmp, path).with_context(|| {
             format!(
                 "putting back {} (kept as {})",
                 path.display(),
                 tmp.display()
             )
-        })?;
+        })
+    };
+    // Another writer's file was displaced: put it back.
+    put_back()?;
+    let back_is_ours = std::fs::symlink_metadata(&tmp).is_ok_and(|m| m.ino() == ours)
+        && std::fs::read(&tmp).is_ok_and(|b| b == bytes);
+    if !back_is_ours {
+        // A newer write still landed on the name after the swap (a rename over it, or
+        // a write into the new file): that one is the latest; it goes back in place.
+        put_back()?;
     }
     // Left under the temp name: our own edit, or the older of the other writer's two.
     let _ = std::fs::remove_file(&tmp);

@@ -165,27 +165,9 @@ pub fn plan<'a>(
     recorded: &[Recorded],
     flags_up: &dyn Fn(&str) -> bool,
 ) -> Vec<(&'a select::PodLink, String)> {
-    let mut taken: HashSet<String> = links.iter().map(|l| l.name.clone()).collect();
-    let mut out = Vec::new();
-    for r in recorded {
-        let Some(bus) = r.bus_address.as_deref() else {
-            continue;
-        };
-        let Some(l) = links
-            .iter()
-            .find(|l| l.hardware && l.bus_address.as_deref() == Some(bus))
-        else {
-            continue;
-        };
-        if flags_up(&l.name) || !kernel_return_name(&l.name, &r.pod_name) {
-            continue;
-        }
-        taken.remove(&l.name);
-        let (name, _) = naming::choose(l, Some(&r.host_name), &taken);
-        taken.insert(name.clone());
-        out.push((l, name));
-    }
-    out
+    plan_by_bus(links, recorded, |r, l| {
+        !flags_up(&l.name) && kernel_return_name(&l.name, &r.pod_name)
+    })
 }
 
 /// What the head's DEL does (pure) with the host's links `links` for the recorded
@@ -201,22 +183,36 @@ pub fn plan_returned<'a>(
     skip: &[String],
     flags_up: &dyn Fn(&str) -> bool,
 ) -> Vec<(&'a select::PodLink, String)> {
+    plan_by_bus(links, recorded, |r, l| {
+        !skip
+            .iter()
+            .any(|s| Some(s.as_str()) == r.bus_address.as_deref())
+            && !flags_up(&l.name)
+            && l.name != r.host_name
+    })
+}
+
+/// Both plans: for each recorded device with a bus address, the hardware link on the
+/// host at that address, if `give_back` takes it, and the host name it gets (the
+/// recorded one unless another link has it; names handed out in this plan count too).
+fn plan_by_bus<'a>(
+    links: &'a [select::PodLink],
+    recorded: &[Recorded],
+    give_back: impl Fn(&Recorded, &select::PodLink) -> bool,
+) -> Vec<(&'a select::PodLink, String)> {
     let mut taken: HashSet<String> = links.iter().map(|l| l.name.clone()).collect();
     let mut out = Vec::new();
     for r in recorded {
         let Some(bus) = r.bus_address.as_deref() else {
             continue;
         };
-        if skip.iter().any(|s| s == bus) {
-            continue;
-        }
         let Some(l) = links
             .iter()
             .find(|l| l.hardware && l.bus_address.as_deref() == Some(bus))
         else {
             continue;
         };
-        if flags_up(&l.name) || l.name == r.host_name {
+        if !give_back(r, l) {
             continue;
         }
         taken.remove(&l.name);
