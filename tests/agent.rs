@@ -362,13 +362,7 @@ fn an_old_temp_file_of_its_own_in_the_bin_dir_goes_and_nothing_else_does() {
 fn reboot_under_the_agent_start_up_gc_replays_and_a_failing_plugin_backs_off_while_ready() {
     require_root!();
     let mut f = Fixture::new();
-    let probe = f.bin_dir.join("cl-probe");
-    fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/plugins/cl-probe"),
-        &probe,
-    )
-    .unwrap();
-    set_mode(&probe, 0o755);
+    f.install_test_plugin("cl-probe");
     let old_boot = "00000000-0000-0000-0000-00000000b007";
     let add_in_old_boot = |f: &Fixture, cid: &str, ns: &Netns| {
         let mut c = f.driver_cmd("add", cid, "eth0", Some(&ns.path_str()), None);
@@ -569,13 +563,7 @@ fn a_single_plugin_conf_becomes_a_conflist_with_the_ledger_first() {
 fn gc_enters_the_node_root_and_replays_there() {
     require_root!();
     let mut f = Fixture::ledger_only();
-    let probe = f.bin_dir.join("cl-probe");
-    fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/plugins/cl-probe"),
-        &probe,
-    )
-    .unwrap();
-    set_mode(&probe, 0o755);
+    f.install_test_plugin("cl-probe");
     let probe_log = f.tmp.path().join("probe.log");
     f.spec.extra = vec![json!({"type": "cl-probe", "logFile": probe_log})];
     let spec = f.spec.clone();

@@ -464,9 +464,7 @@ fn each_fault_fires_its_alert_on_its_node_only_and_the_dashboard_has_data() {
     // A replay that keeps failing: a record of an earlier boot whose chain refuses DEL,
     // and one attempt allowed, so the agent's first gc marks it failed.
     let mut f = Fixture::with_spec(ChainSpec::ledger_only());
-    let probe = f.bin_dir.join("cl-probe");
-    fs::copy(repo_file("testdata/plugins/cl-probe"), &probe).unwrap();
-    set_mode(&probe, 0o755);
+    f.install_test_plugin("cl-probe");
     let marker = f.tmp.path().join("fail-del");
     fs::write(&marker, b"").unwrap();
     f.spec.extra = vec![json!({"type": "cl-probe", "failDelMarker": marker})];
@@ -592,9 +590,7 @@ fn each_fault_fires_its_alert_on_its_node_only_and_the_dashboard_has_data() {
     // A slow chain: a plugin that takes 6 s on ADD (the alert's p99 bound is 5 s). Its
     // ADD runs once Prometheus scrapes, so that the histogram's rate sees it.
     let mut f = Fixture::with_spec(ChainSpec::ledger_only());
-    let probe = f.bin_dir.join("cl-probe");
-    fs::copy(repo_file("testdata/plugins/cl-probe"), &probe).unwrap();
-    set_mode(&probe, 0o755);
+    f.install_test_plugin("cl-probe");
     install_plugin(&f, "cl-slow", SLOW_ADD);
     f.spec.extra = vec![json!({"type": "cl-slow"})];
     let spec = f.spec.clone();

@@ -356,24 +356,10 @@ fn tail_fixture(probe: Value) -> Fixture {
         portmap: false,
         ..ChainSpec::full()
     });
-    let to = f.bin_dir.join(PROBE);
-    fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("testdata/plugins")
-            .join(PROBE),
-        &to,
-    )
-    .unwrap();
-    set_mode(&to, 0o755);
+    f.install_test_plugin(PROBE);
     let mut probe = probe;
     probe["type"] = json!(PROBE);
-    let tail = json!({
-        "type": "cni-ledger",
-        "role": "tail",
-        "ledgerDir": f.ledger_dir,
-        "logFile": f.log_file,
-        "logLevel": "info",
-    });
+    let tail = f.tail_entry();
     f.spec.extra = vec![probe, tail];
     let spec = f.spec.clone();
     f.write_conflist(&f.conflist(&spec));

@@ -23,40 +23,19 @@ use serde_json::{json, Value};
 
 const PROBE: &str = "cl-chainprobe";
 
-fn install_probe(dir: &Path) {
-    let to = dir.join(PROBE);
-    fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/plugins/cl-chainprobe"),
-        &to,
-    )
-    .unwrap_or_else(|e| panic!("copy {PROBE}: {e}"));
-    set_mode(&to, 0o755);
-}
-
-/// The tail entry as `inject` writes it for the fixture's head.
-fn tail_entry(f: &Fixture) -> Value {
-    json!({
-        "type": "cni-ledger",
-        "role": "tail",
-        "ledgerDir": f.ledger_dir,
-        "logFile": f.log_file,
-        "logLevel": "info",
-    })
-}
-
 /// `[cni-ledger, bridge+host-local, cl-chainprobe(probe), (tail)]`, libcni 1.1's driver.
 fn fixture(probe: Value, tail: bool) -> Fixture {
     let mut f = Fixture::with_spec(ChainSpec {
         portmap: false,
         ..ChainSpec::full()
     });
-    install_probe(&f.bin_dir);
+    f.install_test_plugin(PROBE);
     let mut probe = probe;
     probe["type"] = json!(PROBE);
     probe["logFile"] = json!(f.tmp.path().join("probe.log"));
     f.spec.extra = vec![probe];
     if tail {
-        f.spec.extra.push(tail_entry(&f));
+        f.spec.extra.push(f.tail_entry());
     }
     let spec = f.spec.clone();
     f.write_conflist(&f.conflist(&spec));
@@ -288,7 +267,7 @@ fn dropin_fixture(driver: PathBuf) -> (Fixture, PathBuf) {
         ..ChainSpec::full()
     });
     f.driver = driver;
-    install_probe(&f.bin_dir);
+    f.install_test_plugin(PROBE);
     let dir = f.conf_dir.join(&f.network);
     fs::create_dir_all(&dir).unwrap();
     let probe = json!({"type": PROBE, "appendInterface": "dropin0",
@@ -460,7 +439,7 @@ fn the_agent_places_the_drop_in_tail_of_a_network_with_drop_ins() {
         ..ChainSpec::full()
     });
     f.driver = driver13();
-    install_probe(&f.bin_dir);
+    f.install_test_plugin(PROBE);
     let mut plain = f.conflist(&f.spec);
     plain["plugins"].as_array_mut().unwrap().remove(0);
     f.write_conflist(&plain);

@@ -62,14 +62,8 @@ fn fixture_with(return_devices: Option<Value>, tail: bool) -> Fixture {
     }
     let mut f = Fixture::with_spec(spec);
     if tail {
-        // The tail entry as `inject` writes it for the fixture's head.
-        f.spec.extra.push(json!({
-            "type": "cni-ledger",
-            "role": "tail",
-            "ledgerDir": f.ledger_dir,
-            "logFile": f.log_file,
-            "logLevel": "info",
-        }));
+        let tail = f.tail_entry();
+        f.spec.extra.push(tail);
         let spec = f.spec.clone();
         f.write_conflist(&f.conflist(&spec));
     }

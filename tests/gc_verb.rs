@@ -33,16 +33,6 @@ use serde_json::{json, Value};
 
 const PROBE: &str = "cl-probe";
 
-fn install_probe(dir: &Path) {
-    let to = dir.join(PROBE);
-    fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/plugins/cl-probe"),
-        &to,
-    )
-    .unwrap();
-    set_mode(&to, 0o755);
-}
-
 /// Go's `json.Marshal` of a `map[string]interface{}` tree: object keys sorted.
 fn go_marshal(v: &Value) -> String {
     fn sorted(v: &Value) -> Value {
@@ -158,7 +148,7 @@ fn failing_replay_is_reported_to_the_runtime_then_retried_and_per_network() {
         ..ChainSpec::full()
     };
     let mut f = Fixture::with_spec(spec);
-    install_probe(&f.bin_dir);
+    f.install_test_plugin(PROBE);
     let marker = f.tmp.path().join("fail-del");
     let log = f.tmp.path().join("probe.log");
     f.spec.extra = vec![json!({"type": PROBE, "logFile": log, "failDelMarker": marker})];
@@ -353,7 +343,7 @@ fn hanging_del_is_cut_at_the_budget_and_records_are_kept_for_gc() {
         portmap: false,
         ..ChainSpec::full()
     });
-    install_probe(&f.bin_dir);
+    f.install_test_plugin(PROBE);
     let pids = f.tmp.path().join("probe.pids");
     f.spec.extra = vec![json!({"type": PROBE, "hangDelSecs": HANG_SECS, "pidFile": pids})];
     let spec = f.spec.clone();
@@ -485,7 +475,7 @@ fn hanging_del_through_libcni13_gc_is_answered_within_the_budget() {
         ..ChainSpec::full()
     });
     f.driver = driver13();
-    install_probe(&f.bin_dir);
+    f.install_test_plugin(PROBE);
     let hang_del = f.bin_dir.join("hang-del");
     fs::write(&hang_del, HANG_DEL).unwrap();
     set_mode(&hang_del, 0o755);

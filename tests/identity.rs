@@ -18,7 +18,7 @@ mod common;
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -166,15 +166,7 @@ impl Drop for DeleteOnDrop {
 /// `[cni-ledger, cl-nsguard{bridge+host-local}]`.
 fn guarded_fixture() -> Fixture {
     let mut f = Fixture::with_spec(ChainSpec::ledger_only());
-    let guard = f.bin_dir.join(GUARD);
-    fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("testdata/plugins")
-            .join(GUARD),
-        &guard,
-    )
-    .expect("install cl-nsguard");
-    set_mode(&guard, 0o755);
+    f.install_test_plugin(GUARD);
     let state = f.tmp.path().join("guard-state");
     fs::create_dir_all(&state).unwrap();
     f.spec.extra = vec![json!({

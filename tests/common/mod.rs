@@ -122,6 +122,20 @@ pub fn set_mode(path: &Path, mode: u32) {
         .unwrap_or_else(|e| panic!("chmod {:o} {}: {e}", mode, path.display()));
 }
 
+/// Installs the test plugin `testdata/plugins/<name>` into `dir` (mode 0755).
+pub fn install_test_plugin(dir: &Path, name: &str) -> PathBuf {
+    let to = dir.join(name);
+    fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata/plugins")
+            .join(name),
+        &to,
+    )
+    .unwrap_or_else(|e| panic!("install {name}: {e}"));
+    set_mode(&to, 0o755);
+    to
+}
+
 pub fn mode_of(path: &Path) -> u32 {
     use std::os::unix::fs::PermissionsExt;
     fs::symlink_metadata(path)
@@ -373,6 +387,22 @@ impl Fixture {
             e[k] = v.clone();
         }
         e
+    }
+
+    /// Installs the test plugin `testdata/plugins/<name>` into the CNI bin dir.
+    pub fn install_test_plugin(&self, name: &str) -> PathBuf {
+        install_test_plugin(&self.bin_dir, name)
+    }
+
+    /// The tail entry as `inject` writes it for the fixture's head.
+    pub fn tail_entry(&self) -> Value {
+        json!({
+            "type": "cni-ledger",
+            "role": "tail",
+            "ledgerDir": self.ledger_dir,
+            "logFile": self.log_file,
+            "logLevel": "info",
+        })
     }
 
     pub fn bridge_entry(&self) -> Value {

@@ -5,7 +5,7 @@
 use super::*;
 use serde_json::{json, Value};
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -18,15 +18,7 @@ pub fn held_chain_fixture() -> Fixture {
         portmap: false,
         ..ChainSpec::full()
     });
-    let to = f.bin_dir.join(SLOW);
-    fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("testdata/plugins")
-            .join(SLOW),
-        &to,
-    )
-    .unwrap();
-    set_mode(&to, 0o755);
+    f.install_test_plugin(SLOW);
     let mut slow = f.bridge_entry();
     slow["type"] = json!(SLOW);
     slow["delegate"] = json!("bridge");
