@@ -89,3 +89,17 @@ static TRUSTED_OWNER: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
 pub fn trust_ledger_owner(uid: u32) {
     let _ = TRUSTED_OWNER.set(uid);
 }
+
+/// `CNI_LEDGER_TEST_NO_NS_HANDLES` (any value) makes the node-wide namespace search
+/// ignore nsfs file handles, so tests on a kernel that has them exercise the /proc search
+/// that older kernels rely on.
+#[cfg(feature = "testing")]
+pub fn ns_handles_disabled() -> bool {
+    std::env::var_os("CNI_LEDGER_TEST_NO_NS_HANDLES").is_some()
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub fn ns_handles_disabled() -> bool {
+    false
+}

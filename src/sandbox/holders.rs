@@ -2,21 +2,34 @@
 //!
 //! A runtime in a mount namespace of its own (`MountFlags=slave`, `PrivateMounts`, a
 //! snap, a nested node) pins `/run/netns/<name>` with a mount that gc's mount namespace
-//! never sees: the path is missing, is the empty file the bind mount covers, or shows the
-//! node's own namespace mounted at the same path. The pod's
-//! namespace is alive all the same, held by its processes or by that mount. So before a
-//! record of this boot is judged missing, not a namespace or replaced, the node is searched: every
-//! process's `ns/net`, and the nsfs mounts of every mount namespace (each `mountinfo`
-//! read once). A match of device and inode is confirmed by the recorded cookie through a
-//! path that reaches the namespace; a cookie that cannot be read errs towards live.
+//! never sees; a process may keep a namespace open as a file, or by a socket it made
+//! there; a mount namespace no process is in any more may still hold a mount of it. The
+//! pod's namespace is alive all the same (DESIGN §5). So before a record of this boot is
+//! judged missing, not a namespace or replaced, the node is asked:
+//!
+//! - where the kernel reopens a namespace from its nsfs file handle (Linux 6.18+), that
+//!   is the answer: the handle names the namespace by its ID, which no other ever has,
+//!   and reopens it exactly while anything holds it. It is used only once this kernel
+//!   has shown, on a namespace made for the purpose, that a socket alone is enough
+//!   (`Handles::probe`);
+//! - otherwise `/proc` is searched, in tiers read only when the one before found
+//!   nothing: every process's `ns/net` and the nsfs mounts of every mount namespace,
+//!   including mount namespaces reached only through a mount of their `ns/mnt`; then every
+//!   thread, those of an exited leader too; then every open file descriptor, and the
+//!   namespace of every socket (`pidfd_getfd`, `SIOCGSKNS`). A match of device and inode
+//!   is confirmed by the recorded cookie through the holder; a cookie that cannot be read,
+//!   or a socket that cannot be looked at, errs towards live.
 //!
 //! The index is built at most once per gc or list run, and only when some record would
 //! otherwise be called gone: live records never pay for it.
 
+use super::kernel::{self, Pidfd, Reopen};
 use super::{identity, NsId};
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
+use std::fs::File;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -26,9 +39,26 @@ use std::sync::OnceLock;
 /// cost no memory.
 const HOLDERS_PER_NS: usize = 4;
 
-/// What keeps a namespace alive, as a path into it shows.
+/// How many mount namespaces deep a pin is followed (a mount namespace pinned only from
+/// inside another pinned one, and so on).
+const PIN_DEPTH: usize = 8;
+
+/// (st_dev, st_ino) of an nsfs file.
+type Key = (u64, u64);
+
+/// A way into a mount namespace: a path to its nsfs file, seen from the mount namespace
+/// before it (ours for the first pin of a chain), which must still be `key`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pin {
+    path: String,
+    key: Key,
+}
+
+/// What keeps a namespace alive.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Holder {
+    /// The kernel reopened it from its file handle: something holds it.
+    Kernel,
     /// A process whose network namespace it is.
     Process { pid: u32 },
     /// A thread of a process (after setns) whose network namespace it is.
@@ -36,24 +66,39 @@ pub enum Holder {
     /// An nsfs mount in the mount namespace of `pid`, at `mount_point` as that process
     /// sees it.
     Mount { pid: u32, mount_point: String },
+    /// An nsfs mount in a mount namespace that no process needs to be in, kept by a
+    /// mount or an open file of its `ns/mnt`, reached through `pins`.
+    PinnedMount { pins: Vec<Pin>, mount_point: String },
+    /// An open file of a process.
+    File { pid: u32, fd: u32 },
+    /// A socket made in it, open in a process.
+    Socket { pid: u32, fd: u32 },
+    /// Something that could not be looked into (permission): it may hold it.
+    Unseen { what: String },
 }
 
 impl Holder {
-    /// A path from here that reaches the namespace.
-    fn path(&self, proc: &Path) -> PathBuf {
-        match self {
+    /// A path from here that reaches the namespace, for the holders that have one.
+    fn path(&self, proc: &Path) -> Option<PathBuf> {
+        Some(match self {
             Holder::Process { pid } => proc.join(format!("{pid}/ns/net")),
             Holder::Thread { pid, tid } => proc.join(format!("{pid}/task/{tid}/ns/net")),
             Holder::Mount { pid, mount_point } => proc
                 .join(format!("{pid}/root"))
                 .join(mount_point.trim_start_matches('/')),
-        }
+            Holder::File { pid, fd } => proc.join(format!("{pid}/fd/{fd}")),
+            Holder::Kernel
+            | Holder::PinnedMount { .. }
+            | Holder::Socket { .. }
+            | Holder::Unseen { .. } => return None,
+        })
     }
 }
 
 impl fmt::Display for Holder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Holder::Kernel => write!(f, "held on the node (the kernel reopens it)"),
             Holder::Process { pid } => write!(f, "held by pid {pid}"),
             Holder::Thread { pid, tid } => write!(f, "held by thread {tid} of pid {pid}"),
             Holder::Mount { pid, mount_point } => {
@@ -62,12 +107,20 @@ impl fmt::Display for Holder {
                     "mounted at {mount_point} in the mount namespace of pid {pid}"
                 )
             }
+            Holder::PinnedMount { pins, mount_point } => {
+                let via: Vec<&str> = pins.iter().map(|p| p.path.as_str()).collect();
+                write!(
+                    f,
+                    "mounted at {mount_point} in the mount namespace pinned at {}",
+                    via.join(", then ")
+                )
+            }
+            Holder::File { pid, fd } => write!(f, "open as fd {fd} of pid {pid}"),
+            Holder::Socket { pid, fd } => write!(f, "held by a socket, fd {fd} of pid {pid}"),
+            Holder::Unseen { what } => write!(f, "perhaps held by {what}, which could not be read"),
         }
     }
 }
-
-/// (st_dev, st_ino) of an nsfs file.
-type Key = (u64, u64);
 
 #[derive(Default)]
 struct Index {
@@ -75,7 +128,11 @@ struct Index {
     /// nsfs mounts by mount point (as each mount namespace shows it), kept apart from
     /// `holders` so that a namespace's processes never crowd its mounts out: a record
     /// with no recorded identity can be found only by its path.
-    mounts: HashMap<String, Vec<(Key, u32)>>,
+    mounts: HashMap<String, Vec<(Key, Holder)>>,
+    /// The mount namespaces whose mounts were read.
+    mount_namespaces: HashSet<Key>,
+    /// The first holder that could not be looked into.
+    unseen: Option<Holder>,
 }
 
 impl Index {
@@ -86,23 +143,103 @@ impl Index {
         }
     }
 
-    fn add_mount(&mut self, key: Key, pid: u32, mount_point: String) {
-        let v = self.mounts.entry(mount_point.clone()).or_default();
+    fn add_mount(&mut self, key: Key, mount_point: String, holder: Holder) {
+        let v = self.mounts.entry(mount_point).or_default();
         if v.len() < HOLDERS_PER_NS && !v.iter().any(|(k, _)| *k == key) {
-            v.push((key, pid));
+            v.push((key, holder.clone()));
         }
-        self.add(key, Holder::Mount { pid, mount_point });
+        self.add(key, holder);
     }
+
+    fn unseen(&mut self, what: String) {
+        self.unseen.get_or_insert(Holder::Unseen { what });
+    }
+}
+
+/// The kernel's nsfs file handles, once this kernel has shown they can be trusted.
+struct Handles {
+    /// Any open nsfs file: it names the mount handles are decoded on.
+    nsfs: File,
+}
+
+impl Handles {
+    /// Whether to ask the kernel directly: it encodes a namespace's handle as (ID, type,
+    /// inode) with the ID being the cookie records carry, reopens our own namespace
+    /// from one, and reopens a namespace that only a socket holds (the weakest holder;
+    /// processes, threads, mounts and open files all pin a namespace as strongly).
+    fn probe(proc: &Path) -> Option<Handles> {
+        if crate::faults::ns_handles_disabled() {
+            return None;
+        }
+        let own_path = proc.join("self/ns/net");
+        let nsfs = File::open(&own_path).ok()?;
+        let cookie = identity::ioctl_cookie(&nsfs).ok()?;
+        let ino = nsfs.metadata().ok()?.ino();
+        // Records may carry the cookie from SO_NETNS_COOKIE: it must be the same ID.
+        if identity::socket_cookie(&nsfs).ok()? != cookie
+            || !kernel::handle_encoding_matches(&own_path.to_string_lossy(), cookie, ino)
+        {
+            return None;
+        }
+        if !matches!(kernel::reopen_net(&nsfs, cookie, ino), Reopen::Alive(_)) {
+            return None;
+        }
+        socket_alone_reopens(&nsfs).then_some(Handles { nsfs })
+    }
+}
+
+/// Makes a namespace that only a socket holds (the thread that made it has exited and
+/// closed everything else) and asks the kernel to reopen it by its handle.
+fn socket_alone_reopens(nsfs: &File) -> bool {
+    use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+    let made = std::thread::scope(|s| {
+        s.spawn(|| -> Option<_> {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).ok()?;
+            let ns = File::open("/proc/thread-self/ns/net").ok()?;
+            let cookie = identity::ioctl_cookie(&ns).ok()?;
+            let ino = ns.metadata().ok()?.ino();
+            let sock = socket(
+                AddressFamily::Inet,
+                SockType::Datagram,
+                SockFlag::SOCK_CLOEXEC,
+                None,
+            )
+            .ok()?;
+            Some((sock, cookie, ino, nix::unistd::gettid()))
+        })
+        .join()
+        .ok()
+        .flatten()
+    });
+    let Some((sock, cookie, ino, tid)) = made else {
+        return false;
+    };
+    // join() returns once the thread has run its last code; its namespaces are let go
+    // a little later in its exit, and its task directory goes after that.
+    let task = format!("/proc/self/task/{tid}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
+    while Path::new(&task).exists() {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let alive = matches!(kernel::reopen_net(nsfs, cookie, ino), Reopen::Alive(_));
+    drop(sock);
+    alive
 }
 
 /// The node's namespaces and their holders, read from `/proc` (the node's, once gc has
 /// entered `--node-root`; the DaemonSet has the host's PID namespace) when first needed.
 pub struct NodeIndex {
     proc: PathBuf,
+    handles: OnceLock<Option<Handles>>,
     /// Processes and mounts.
     main: OnceLock<Index>,
     /// Threads: read only when a namespace is in neither processes nor mounts.
     threads: OnceLock<Index>,
+    /// Open files and sockets: read only when no process, mount or thread has it.
+    files: OnceLock<Index>,
 }
 
 impl fmt::Debug for NodeIndex {
@@ -128,37 +265,76 @@ impl NodeIndex {
     pub fn at(proc: PathBuf) -> NodeIndex {
         NodeIndex {
             proc,
+            handles: OnceLock::new(),
             main: OnceLock::new(),
             threads: OnceLock::new(),
+            files: OnceLock::new(),
         }
     }
 
     /// Whether the recorded namespace is alive somewhere on the node: the holder that
-    /// shows it, or None when no holder has its device and inode, or every one that has
-    /// them is provably another namespace (another cookie) or no longer there.
+    /// shows it, or None when the kernel says no such namespace lives, or no holder has
+    /// its device and inode, or every one that has them is provably another namespace
+    /// (another cookie) or no longer there.
     pub fn find(&self, id: &NsId) -> Option<Holder> {
-        let main = self.main.get_or_init(|| build_main(&self.proc));
-        let (found, mut vanished) = self.confirm_any(main, id);
-        if found.is_some() {
-            return found;
+        let handles = self.handles.get_or_init(|| Handles::probe(&self.proc));
+        if let (Some(h), Some(cookie)) = (handles, id.cookie) {
+            match kernel::reopen_net(&h.nsfs, cookie, id.ino) {
+                Reopen::Alive(f) if f.metadata().is_ok_and(|m| m.dev() == id.dev) => {
+                    return Some(Holder::Kernel)
+                }
+                Reopen::Stale => return None,
+                // Not answered: the search below decides.
+                Reopen::Alive(_) | Reopen::Unknown => {}
+            }
         }
-        let threads = self.threads.get_or_init(|| build_threads(&self.proc));
-        let (found, gone) = self.confirm_any(threads, id);
-        if found.is_some() {
-            return found;
+        self.search(id)
+    }
+
+    fn main(&self) -> &Index {
+        self.main.get_or_init(|| build_main(&self.proc))
+    }
+
+    fn search(&self, id: &NsId) -> Option<Holder> {
+        let mut vanished = false;
+        for tier in 0..3 {
+            let index = match tier {
+                0 => self.main(),
+                1 => self.threads.get_or_init(|| build_threads(&self.proc)),
+                _ => self
+                    .files
+                    .get_or_init(|| build_files(&self.proc, &self.main().mount_namespaces)),
+            };
+            let (found, gone) = self.confirm_any(index, id);
+            if found.is_some() {
+                return found;
+            }
+            vanished |= gone;
         }
-        vanished |= gone;
-        if !vanished {
-            return None;
+        if vanished {
+            // A holder seen in the index has exited or let go since. nsfs inode numbers
+            // are reused (lowest free first), so a short-lived process in a namespace that
+            // now has the recorded one's inode proves nothing once it is gone; but the
+            // recorded namespace may also have moved to a holder the index never saw.
+            // Look once more, afresh: what holds it now is found, and a holder gone again
+            // holds nothing.
+            let main = build_main(&self.proc);
+            let fresh = [
+                build_threads(&self.proc),
+                build_files(&self.proc, &main.mount_namespaces),
+            ];
+            if let Some(found) = std::iter::once(&main)
+                .chain(&fresh)
+                .find_map(|index| self.confirm_any(index, id).0)
+            {
+                return Some(found);
+            }
         }
-        // A holder seen in the index has exited or let go since. nsfs inode numbers are
-        // reused (lowest free first), so a short-lived process in a namespace that now has
-        // the recorded one's inode proves nothing once it is gone; but the recorded
-        // namespace may also have moved to a holder the index never saw. Look once more,
-        // afresh: what holds it now is found, and a holder gone again holds nothing.
-        [build_main(&self.proc), build_threads(&self.proc)]
-            .iter()
-            .find_map(|fresh| self.confirm_any(fresh, id).0)
+        // Nothing found, but something could not be looked into: it may be the holder.
+        [self.main.get(), self.threads.get(), self.files.get()]
+            .into_iter()
+            .flatten()
+            .find_map(|index| index.unseen.clone())
     }
 
     /// A network namespace mounted at `path` in some mount namespace on the node, with
@@ -167,32 +343,27 @@ impl NodeIndex {
     /// path alone is weaker than an identity: a mount another mount namespace made at the
     /// same path would be taken for it, which keeps a record (a leak), never frees one.
     pub fn mounted_at(&self, path: &str) -> Option<(NsId, Holder)> {
-        let main = self.main.get_or_init(|| build_main(&self.proc));
+        let main = self.main();
         // mountinfo shows the path resolved: containerd names `/var/run/netns/cni-…`,
         // and `/var/run` is a link to `/run` on every current distribution.
-        let (mount_point, mounts) = std::iter::once(path.to_string())
+        let mounts = std::iter::once(path.to_string())
             .chain(
                 path.strip_prefix("/var/run/")
                     .map(|rest| format!("/run/{rest}")),
             )
-            .find_map(|p| main.mounts.get(&p).map(|m| (p, m)))?;
-        mounts.iter().find_map(|&(key, pid)| {
-            let holder = Holder::Mount {
-                pid,
-                mount_point: mount_point.clone(),
-            };
-            let through = holder.path(&self.proc);
-            let super::Probe::Namespace(id) = super::probe(&through.to_string_lossy()) else {
-                return None;
-            };
-            // Still the mount the index saw; its start time is the holder's, not the
-            // attachment's (the recorded path is no /proc path).
-            ((id.dev, id.ino) == key).then_some((
+            .find_map(|p| main.mounts.get(&p))?;
+        mounts.iter().find_map(|(key, holder)| {
+            // Still the mount the index saw; the start time is no part of it (the
+            // recorded path is no /proc path).
+            let file = self.open(holder, *key).ok()?;
+            Some((
                 NsId {
+                    dev: key.0,
+                    ino: key.1,
+                    cookie: identity::netns_cookie(&file).ok(),
                     pid_start: None,
-                    ..id
                 },
-                holder,
+                holder.clone(),
             ))
         })
     }
@@ -206,7 +377,7 @@ impl NodeIndex {
         };
         let mut vanished = false;
         for h in holders {
-            match confirm(&h.path(&self.proc), id) {
+            match self.confirm(h, id) {
                 Confirm::Same | Confirm::Unsure => return (Some(h.clone()), vanished),
                 Confirm::Gone => vanished = true,
                 Confirm::Other => {}
@@ -214,53 +385,122 @@ impl NodeIndex {
         }
         (None, vanished)
     }
+
+    fn confirm(&self, holder: &Holder, id: &NsId) -> Confirm {
+        let file = match self.open(holder, (id.dev, id.ino)) {
+            Ok(f) => f,
+            Err(c) => return c,
+        };
+        let Some(cookie) = id.cookie else {
+            return Confirm::Unsure;
+        };
+        match identity::netns_cookie(&file) {
+            Ok(now) if now == cookie => Confirm::Same,
+            Ok(_) => Confirm::Other,
+            Err(_) => Confirm::Unsure,
+        }
+    }
+
+    /// The namespace file the holder shows now, if it still is the nsfs file `key`.
+    fn open(&self, holder: &Holder, key: Key) -> Result<File, Confirm> {
+        match holder {
+            Holder::Socket { pid, fd } => {
+                let pidfd = Pidfd::open(*pid).map_err(|e| gone_or_unsure(&e))?;
+                match pidfd.socket_netns(*fd as i32) {
+                    Ok(Some(file)) => is_key(file, key),
+                    // No longer a socket: the descriptor was closed and reused.
+                    Ok(None) => Err(Confirm::Gone),
+                    Err(e) => Err(gone_or_unsure(&e)),
+                }
+            }
+            Holder::PinnedMount { pins, mount_point } => {
+                let at = Path::new(mount_point);
+                in_mount_ns(&self.proc, pins, || open_checked(at, key))
+                    .unwrap_or_else(|e| Err(gone_or_unsure(&e)))
+            }
+            Holder::Kernel | Holder::Unseen { .. } => Err(Confirm::Unsure),
+            _ => match holder.path(&self.proc) {
+                Some(path) => open_checked(&path, key),
+                None => Err(Confirm::Unsure),
+            },
+        }
+    }
 }
 
 #[derive(Debug, PartialEq, Eq)]
 enum Confirm {
-    /// The recorded cookie, read through the holder's path.
+    /// The recorded cookie, read through the holder.
     Same,
-    /// Not provable either way (no recorded cookie, the holder gone, no permission):
-    /// counted as live, since device and inode matched a moment ago.
+    /// Not provable either way (no recorded cookie, no permission): counted as live,
+    /// since device and inode matched a moment ago.
     Unsure,
-    /// Provably another namespace: the cookie read through the path is another.
+    /// Provably another namespace: the cookie read through the holder is another.
     Other,
-    /// The holder no longer shows that namespace: its process exited, or the path now
-    /// shows something else. It holds nothing now.
+    /// The holder no longer shows that namespace: its process exited, its descriptor was
+    /// closed, or the path now shows something else. It holds nothing now.
     Gone,
 }
 
-fn confirm(path: &Path, id: &NsId) -> Confirm {
-    let same = |m: &std::fs::Metadata| m.dev() == id.dev && m.ino() == id.ino;
-    // stat before open: what the path shows now is opened only if it still is the
-    // nsfs file seen in the index (nothing else, a device node say, is ever opened).
-    // Nothing or something else there now: the holder let go (the caller looks again).
-    match std::fs::metadata(path) {
-        Ok(m) if same(&m) => {}
-        Ok(_) => return Confirm::Gone,
-        Err(e)
-            if e.kind() == io::ErrorKind::NotFound
-                || e.raw_os_error() == Some(nix::libc::ESRCH) =>
-        {
-            return Confirm::Gone
-        }
-        Err(_) => return Confirm::Unsure,
+/// A holder that has exited or let go (Gone), or one that could not be asked (Unsure).
+fn gone_or_unsure(e: &io::Error) -> Confirm {
+    use nix::libc::{EBADF, ENOENT, ESRCH};
+    match e.raw_os_error() {
+        Some(ESRCH | ENOENT | EBADF) => Confirm::Gone,
+        _ if e.kind() == io::ErrorKind::NotFound => Confirm::Gone,
+        _ => Confirm::Unsure,
     }
-    let Some(cookie) = id.cookie else {
-        return Confirm::Unsure;
-    };
-    let Ok(file) = super::open_ns(&path.to_string_lossy()) else {
-        return Confirm::Unsure;
-    };
+}
+
+fn is_key(file: File, key: Key) -> Result<File, Confirm> {
     match file.metadata() {
-        Ok(m) if same(&m) => {}
-        _ => return Confirm::Unsure,
+        Ok(m) if (m.dev(), m.ino()) == key => Ok(file),
+        Ok(_) => Err(Confirm::Gone),
+        Err(_) => Err(Confirm::Unsure),
     }
-    match identity::netns_cookie(&file) {
-        Ok(now) if now == cookie => Confirm::Same,
-        Ok(_) => Confirm::Other,
-        Err(_) => Confirm::Unsure,
+}
+
+/// Opens the nsfs file at `path` if it still is `key`. stat before open: what the path
+/// shows now is opened only if it still is the nsfs file seen in the index (nothing else,
+/// a device node say, is ever opened). Nothing or something else there now: the holder
+/// let go.
+fn open_checked(path: &Path, key: Key) -> Result<File, Confirm> {
+    match std::fs::metadata(path) {
+        Ok(m) if (m.dev(), m.ino()) == key => {}
+        Ok(_) => return Err(Confirm::Gone),
+        Err(e) => return Err(gone_or_unsure(&e)),
     }
+    let file = super::open_ns(&path.to_string_lossy()).map_err(|_| Confirm::Unsure)?;
+    match file.metadata() {
+        Ok(m) if (m.dev(), m.ino()) == key => Ok(file),
+        _ => Err(Confirm::Unsure),
+    }
+}
+
+/// Runs `f` on a thread of its own inside the mount namespace that `pins` reach, with
+/// its working directory at the node's `/proc` (that mount namespace may have none): a
+/// thread that unshares its file system context may enter a mount namespace alone, and it
+/// ends right after, so nothing else ever runs there.
+fn in_mount_ns<T: Send>(proc: &Path, pins: &[Pin], f: impl FnOnce() -> T + Send) -> io::Result<T> {
+    let proc_dir = File::open(proc)?;
+    std::thread::scope(|s| {
+        s.spawn(move || -> io::Result<T> {
+            use nix::sched::CloneFlags;
+            nix::sched::unshare(CloneFlags::CLONE_FS)?;
+            for pin in pins {
+                let ns = open_checked(Path::new(&pin.path), pin.key).map_err(|c| {
+                    io::Error::from(match c {
+                        Confirm::Gone => io::ErrorKind::NotFound,
+                        _ => io::ErrorKind::PermissionDenied,
+                    })
+                })?;
+                nix::sched::setns(&ns, CloneFlags::CLONE_NEWNS)?;
+            }
+            nix::unistd::fchdir(proc_dir.as_raw_fd())?;
+            Ok(f())
+        })
+        .join()
+        .unwrap_or_else(|_| Err(io::Error::other("a mount namespace reader panicked")))
+    })
 }
 
 /// The namespace a `/proc/<pid>/ns/<kind>` link names, as (nsfs device, inode). The link
@@ -271,11 +511,19 @@ fn link_key(path: &Path, nsfs_dev: u64) -> io::Result<Key> {
     let target = std::fs::read_link(path)?;
     let ino = target
         .to_str()
-        .and_then(|t| t.split_once(":["))
-        .and_then(|(_, rest)| rest.strip_suffix(']'))
-        .and_then(|n| n.parse().ok())
+        .and_then(|t| ns_link_ino(t, "net"))
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "not a namespace link"))?;
     Ok((nsfs_dev, ino))
+}
+
+/// The inode in a namespace link's text `<kind>:[<inode>]`.
+fn ns_link_ino(target: &str, kind: &str) -> Option<u64> {
+    target
+        .strip_prefix(kind)?
+        .strip_prefix(":[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
 }
 
 /// The nsfs device, from our own namespace's file.
@@ -293,40 +541,107 @@ fn pids(proc: &Path) -> Vec<u32> {
         .collect()
 }
 
-/// Every process's network namespace, and the nsfs mounts of every mount namespace.
-/// Processes that exit meanwhile are skipped: what they held is either held by another
-/// or gone.
+/// Every process's network namespace, and the nsfs mounts of every mount namespace,
+/// those reached only through a pin too. Processes that exit meanwhile are skipped: what
+/// they held is either held by another or gone.
 fn build_main(proc: &Path) -> Index {
     let mut index = Index::default();
     let Some(dev) = nsfs_dev(proc) else {
         return index;
     };
-    let mut mount_namespaces: HashSet<Key> = HashSet::new();
+    let mut pins = Vec::new();
     for pid in pids(proc) {
         let dir = proc.join(pid.to_string());
         if let Ok(key) = link_key(&dir.join("ns/net"), dev) {
             index.add(key, Holder::Process { pid });
         }
-        let Ok(mnt) = link_key(&dir.join("ns/mnt"), dev) else {
+        let Ok(mnt) = std::fs::read_link(dir.join("ns/mnt")) else {
             continue;
         };
-        if !mount_namespaces.insert(mnt) {
+        let Some(mnt) = mnt.to_str().and_then(|t| ns_link_ino(t, "mnt")) else {
+            continue;
+        };
+        if !index.mount_namespaces.insert((dev, mnt)) {
             continue;
         }
         // A process that exits before this read leaves its mount namespace unread; it
         // may have been its last, and then its mounts are gone with it.
         let Ok(text) = std::fs::read_to_string(dir.join("mountinfo")) else {
-            mount_namespaces.remove(&mnt);
+            index.mount_namespaces.remove(&(dev, mnt));
             continue;
         };
-        for (key, mount_point) in nsfs_net_mounts(&text) {
-            index.add_mount(key, pid, mount_point);
+        for m in nsfs_mounts(&text) {
+            let root = dir.join("root").join(m.mount_point.trim_start_matches('/'));
+            match m.kind {
+                NsKind::Net => index.add_mount(
+                    m.key,
+                    m.mount_point.clone(),
+                    Holder::Mount {
+                        pid,
+                        mount_point: m.mount_point,
+                    },
+                ),
+                NsKind::Mnt => pins.push(vec![Pin {
+                    path: root.to_string_lossy().into_owned(),
+                    key: m.key,
+                }]),
+            }
         }
     }
+    follow_pins(proc, pins, &mut index);
     index
 }
 
-/// The threads of every process with more than one: a thread can setns alone.
+/// Reads the mount namespaces that `chains` reach and no process was seen in, and the
+/// ones pinned inside those: their network namespace mounts are holders too.
+fn follow_pins(proc: &Path, chains: Vec<Vec<Pin>>, index: &mut Index) {
+    let mut queue: VecDeque<Vec<Pin>> = chains.into();
+    while let Some(chain) = queue.pop_front() {
+        let Some(last) = chain.last().map(|p| p.key) else {
+            continue;
+        };
+        if chain.len() > PIN_DEPTH || !index.mount_namespaces.insert(last) {
+            continue;
+        }
+        let text = match in_mount_ns(proc, &chain, || {
+            std::fs::read_to_string("thread-self/mountinfo")
+        }) {
+            Ok(Ok(text)) => text,
+            Ok(Err(e)) | Err(e) => {
+                index.mount_namespaces.remove(&last);
+                if gone_or_unsure(&e) == Confirm::Unsure {
+                    let at = chain.last().map(|p| p.path.as_str()).unwrap_or_default();
+                    index.unseen(format!("the mount namespace pinned at {at}"));
+                }
+                continue;
+            }
+        };
+        for m in nsfs_mounts(&text) {
+            match m.kind {
+                NsKind::Net => index.add_mount(
+                    m.key,
+                    m.mount_point.clone(),
+                    Holder::PinnedMount {
+                        pins: chain.clone(),
+                        mount_point: m.mount_point,
+                    },
+                ),
+                NsKind::Mnt => {
+                    let mut next = chain.clone();
+                    next.push(Pin {
+                        path: m.mount_point,
+                        key: m.key,
+                    });
+                    queue.push_back(next);
+                }
+            }
+        }
+    }
+}
+
+/// The threads of every process with more than one: a thread can setns alone, and live
+/// on after its process's leader has exited (a zombie whose own links can no longer be
+/// read).
 fn build_threads(proc: &Path) -> Index {
     let mut index = Index::default();
     let Some(dev) = nsfs_dev(proc) else {
@@ -339,12 +654,10 @@ fn build_threads(proc: &Path) -> Index {
         if !std::fs::metadata(&task).is_ok_and(|m| m.nlink() > 3) {
             continue;
         }
-        let Ok(own) = link_key(&proc.join(format!("{pid}/ns/net")), dev) else {
-            continue;
-        };
+        let own = link_key(&proc.join(format!("{pid}/ns/net")), dev).ok();
         for tid in pids(&task).into_iter().filter(|t| *t != pid) {
             if let Ok(key) = link_key(&task.join(format!("{tid}/ns/net")), dev) {
-                if key != own {
+                if Some(key) != own {
                     index.add(key, Holder::Thread { pid, tid });
                 }
             }
@@ -353,13 +666,103 @@ fn build_threads(proc: &Path) -> Index {
     index
 }
 
-/// The network namespaces mounted in one `mountinfo`: lines whose file system is nsfs
-/// and whose root is `net:[inode]`, with the mount's device and its mount point.
-fn nsfs_net_mounts(mountinfo: &str) -> Vec<(Key, String)> {
-    mountinfo.lines().filter_map(nsfs_net_mount).collect()
+/// Every open file descriptor that is a network namespace, every socket whose network
+/// namespace is not its process's own, and the mount namespaces held open as files that
+/// `read` (the mount namespaces already read) lacks.
+fn build_files(proc: &Path, read: &HashSet<Key>) -> Index {
+    let mut index = Index {
+        mount_namespaces: read.clone(),
+        ..Index::default()
+    };
+    let Some(dev) = nsfs_dev(proc) else {
+        return index;
+    };
+    let mut pins = Vec::new();
+    for pid in pids(proc) {
+        let fd_dir = proc.join(format!("{pid}/fd"));
+        let Ok(dir) = std::fs::read_dir(&fd_dir) else {
+            continue;
+        };
+        let mut sockets = Vec::new();
+        for entry in dir.flatten() {
+            let Some(fd) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Ok(target) = std::fs::read_link(entry.path()) else {
+                continue;
+            };
+            let Some(target) = target.to_str() else {
+                continue;
+            };
+            if let Some(ino) = ns_link_ino(target, "net") {
+                index.add((dev, ino), Holder::File { pid, fd });
+            } else if let Some(ino) = ns_link_ino(target, "mnt") {
+                pins.push(vec![Pin {
+                    path: entry.path().to_string_lossy().into_owned(),
+                    key: (dev, ino),
+                }]);
+            } else if target.starts_with("socket:[") {
+                sockets.push(fd);
+            }
+        }
+        if !sockets.is_empty() {
+            index_sockets(proc, dev, pid, &sockets, &mut index);
+        }
+    }
+    follow_pins(proc, pins, &mut index);
+    index
 }
 
-fn nsfs_net_mount(line: &str) -> Option<(Key, String)> {
+/// The network namespaces of one process's sockets that are not its own namespace.
+fn index_sockets(proc: &Path, dev: u64, pid: u32, sockets: &[u32], index: &mut Index) {
+    let own = link_key(&proc.join(format!("{pid}/ns/net")), dev).ok();
+    let pidfd = match Pidfd::open(pid) {
+        Ok(p) => p,
+        Err(e) if gone_or_unsure(&e) == Confirm::Gone => return,
+        Err(_) => return index.unseen(format!("the sockets of pid {pid}")),
+    };
+    for &fd in sockets {
+        match pidfd.socket_netns(fd as i32) {
+            Ok(Some(ns)) => {
+                let Ok(m) = ns.metadata() else { continue };
+                let key = (m.dev(), m.ino());
+                if Some(key) != own {
+                    index.add(key, Holder::Socket { pid, fd });
+                }
+            }
+            Ok(None) => {}
+            Err(e) if gone_or_unsure(&e) == Confirm::Gone => {}
+            Err(_) => index.unseen(format!("socket fd {fd} of pid {pid}")),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NsKind {
+    Net,
+    Mnt,
+}
+
+/// One nsfs mount of a `mountinfo`.
+#[derive(Debug, PartialEq, Eq)]
+struct NsMount {
+    kind: NsKind,
+    key: Key,
+    mount_point: String,
+}
+
+/// The network and mount namespaces mounted in one `mountinfo`: lines whose file system
+/// is nsfs and whose root is `net:[inode]` or `mnt:[inode]`, with the mount's device and
+/// its mount point.
+fn nsfs_mounts(mountinfo: &str) -> Vec<NsMount> {
+    mountinfo.lines().filter_map(nsfs_mount).collect()
+}
+
+fn nsfs_mount(line: &str) -> Option<NsMount> {
     // id parent major:minor root mount-point options [optional...] - fstype source super
     let (left, right) = line.split_once(" - ")?;
     if right.split(' ').next()? != "nsfs" {
@@ -368,14 +771,18 @@ fn nsfs_net_mount(line: &str) -> Option<(Key, String)> {
     let mut f = left.split(' ');
     let (_id, _parent, dev, root, mount_point) =
         (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
-    let ino: u64 = root
-        .strip_prefix("net:[")?
-        .strip_suffix(']')?
-        .parse()
-        .ok()?;
+    let (kind, ino) = match (ns_link_ino(root, "net"), ns_link_ino(root, "mnt")) {
+        (Some(ino), _) => (NsKind::Net, ino),
+        (None, Some(ino)) => (NsKind::Mnt, ino),
+        (None, None) => return None,
+    };
     let (major, minor) = dev.split_once(':')?;
     let dev = nix::sys::stat::makedev(major.parse().ok()?, minor.parse().ok()?);
-    Some(((dev, ino), unescape(mount_point)))
+    Some(NsMount {
+        kind,
+        key: (dev, ino),
+        mount_point: unescape(mount_point),
+    })
 }
 
 /// mountinfo writes space, tab, newline and backslash in a path as `\ooo` octal.
@@ -414,14 +821,20 @@ mod tests {
 613 29 0:4 mnt:[4026532400] /run/mnt-pin rw - nsfs nsfs rw
 614 29 0:4 net:[4026532301] /tmp/x rw master:3 shared:4 - nsfs nsfs rw
 ";
-        let got = nsfs_net_mounts(text);
+        let got = nsfs_mounts(text);
         let dev = nix::sys::stat::makedev(0, 4);
+        let m = |kind, ino, at: &str| NsMount {
+            kind,
+            key: (dev, ino),
+            mount_point: at.to_string(),
+        };
         assert_eq!(
             got,
             vec![
-                ((dev, 4026532288), "/run/netns/cl-1".to_string()),
-                ((dev, 4026532300), "/run/netns/with space".to_string()),
-                ((dev, 4026532301), "/tmp/x".to_string()),
+                m(NsKind::Net, 4026532288, "/run/netns/cl-1"),
+                m(NsKind::Net, 4026532300, "/run/netns/with space"),
+                m(NsKind::Mnt, 4026532400, "/run/mnt-pin"),
+                m(NsKind::Net, 4026532301, "/tmp/x"),
             ]
         );
         assert_eq!(unescape("a\\134b\\011c\\"), "a\\b\tc\\");
@@ -439,6 +852,127 @@ mod tests {
         assert!(link_key(Path::new("/proc/self/exe"), dev).is_err());
     }
 
+    /// The /proc search alone, as on a kernel without nsfs handles.
+    fn search_only() -> NodeIndex {
+        let index = NodeIndex::new();
+        let _ = index.handles.set(None);
+        index
+    }
+
+    /// A namespace made by a thread that has exited since, held only by what
+    /// `keep` made inside it (returned to the caller). Needs root.
+    fn held_only_by<T: Send>(keep: impl FnOnce() -> T + Send) -> (NsId, T) {
+        let (id, kept, tid) = std::thread::scope(|s| {
+            s.spawn(|| {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+                let super::super::Probe::Namespace(id) =
+                    super::super::probe("/proc/thread-self/ns/net")
+                else {
+                    panic!("/proc/thread-self/ns/net is not nsfs");
+                };
+                (id, keep(), nix::unistd::gettid())
+            })
+            .join()
+            .unwrap()
+        });
+        while Path::new(&format!("/proc/self/task/{tid}")).exists() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        (id, kept)
+    }
+
+    /// An open file of the namespace, and a socket made in it, each hold it alone: the
+    /// search finds them, the kernel's handle reopens it, and once they are closed
+    /// neither finds anything.
+    #[test]
+    fn an_open_file_or_a_socket_alone_holds_a_namespace() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let me = std::process::id();
+        let (id, file) = held_only_by(|| File::open("/proc/thread-self/ns/net").unwrap());
+        let fd = file.as_raw_fd() as u32;
+        assert_eq!(search_only().find(&id), Some(Holder::File { pid: me, fd }));
+        let kernel = NodeIndex::new().find(&id);
+        // Where the kernel's handles are trusted (Linux 6.18+ here), it answers alone.
+        let handles = Handles::probe(Path::new("/proc")).is_some();
+        eprintln!("nsfs handles trusted on this kernel: {handles}");
+        if handles {
+            assert_eq!(kernel, Some(Holder::Kernel));
+        }
+        assert!(matches!(kernel, Some(Holder::Kernel | Holder::File { .. })));
+        drop(file);
+        assert_eq!(search_only().find(&id), None);
+        assert_eq!(NodeIndex::new().find(&id), None);
+
+        use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+        let (id, sock) = held_only_by(|| {
+            socket(
+                AddressFamily::Inet,
+                SockType::Datagram,
+                SockFlag::SOCK_CLOEXEC,
+                None,
+            )
+            .unwrap()
+        });
+        let fd = sock.as_raw_fd() as u32;
+        assert_eq!(
+            search_only().find(&id),
+            Some(Holder::Socket { pid: me, fd })
+        );
+        let kernel = NodeIndex::new().find(&id);
+        assert!(matches!(
+            kernel,
+            Some(Holder::Kernel | Holder::Socket { .. })
+        ));
+        drop(sock);
+        assert_eq!(search_only().find(&id), None);
+        assert_eq!(NodeIndex::new().find(&id), None);
+    }
+
+    /// A namespace mounted only inside a mount namespace no process is in, which only a
+    /// bind mount of its `ns/mnt` keeps (`unshare --mount=FILE`), is found through that
+    /// pin; once the pin is gone, nothing holds it. Needs root and util-linux.
+    #[test]
+    fn a_mount_in_a_pinned_mount_namespace_holds_a_namespace() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let sh = |script: &str| {
+            let st = std::process::Command::new("sh")
+                .args(["-c", script])
+                .status()
+                .unwrap();
+            assert!(st.success(), "{script}");
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display();
+        let (id, file) = held_only_by(|| File::open("/proc/thread-self/ns/net").unwrap());
+        let src = format!("/proc/{}/fd/{}", std::process::id(), file.as_raw_fd());
+        sh(&format!(
+            "mkdir {d}/pin && mount --bind {d}/pin {d}/pin && mount --make-private {d}/pin \
+             && touch {d}/pin/mnt {d}/target \
+             && unshare --mount={d}/pin/mnt --propagation private mount --bind {src} {d}/target"
+        ));
+        drop(file);
+        let found = search_only().find(&id);
+        let cleanup = format!("umount {d}/pin/mnt; umount {d}/pin");
+        match &found {
+            Some(Holder::PinnedMount { pins, mount_point }) => {
+                assert_eq!(pins.len(), 1);
+                assert_eq!(mount_point, &format!("{d}/target"));
+            }
+            other => {
+                sh(&cleanup);
+                panic!("found {other:?}");
+            }
+        }
+        assert!(NodeIndex::new().find(&id).is_some());
+        sh(&cleanup);
+        assert_eq!(search_only().find(&id), None);
+        assert_eq!(NodeIndex::new().find(&id), None);
+    }
+
     fn own() -> NsId {
         let super::super::Probe::Namespace(id) = super::super::probe("/proc/self/ns/net") else {
             panic!("/proc/self/ns/net is not nsfs here");
@@ -448,7 +982,7 @@ mod tests {
 
     #[test]
     fn a_process_holds_its_namespace_and_a_cookie_tells_another() {
-        let index = NodeIndex::new();
+        let index = search_only();
         let id = own();
         assert!(matches!(index.find(&id), Some(Holder::Process { .. })));
         // Same device and inode, another cookie: provably not the recorded namespace.
@@ -487,7 +1021,7 @@ mod tests {
             let _ = done_rx.recv();
         });
         let (tid, id) = rx.recv().unwrap();
-        let found = NodeIndex::new().find(&id);
+        let found = search_only().find(&id);
         done_tx.send(()).unwrap();
         t.join().unwrap();
         assert_eq!(
@@ -522,7 +1056,7 @@ mod tests {
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
         };
-        let index = NodeIndex::new();
+        let index = search_only();
         // Built while the child holds it.
         assert!(matches!(index.find(&id), Some(Holder::Process { .. })));
         child.kill().unwrap();
@@ -550,7 +1084,7 @@ mod tests {
                 mount_point: "/run/netns/x".into()
             }
             .path(Path::new("/proc")),
-            PathBuf::from("/proc/99/root/run/netns/x")
+            Some(PathBuf::from("/proc/99/root/run/netns/x"))
         );
     }
 }

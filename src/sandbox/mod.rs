@@ -7,6 +7,7 @@
 
 pub mod holders;
 pub mod identity;
+mod kernel;
 
 use serde::{Deserialize, Serialize};
 use std::fs::File;
