@@ -167,7 +167,7 @@ pub enum Evidence {
     /// Neither the path nor the directory that would hold it can be seen from here: not
     /// the node's view, so no evidence (live, not verified).
     Unseen,
-    /// The path shows nothing, no namespace or another one, but a process or a mount elsewhere on the
+    /// The path shows nothing, no namespace or another one, but something elsewhere on the
     /// node holds the recorded namespace (`sandbox::holders`): live, not verified.
     Held,
     /// The runtime's valid list does not name the attachment.
@@ -300,9 +300,9 @@ pub fn liveness(
 }
 
 /// `liveness`, and for a record of this boot whose path shows nothing, no namespace or
-/// another namespace (rules 2 and 3), a search of the node for the recorded namespace first: a process or
-/// a mount in another mount namespace (a runtime with private mounts) that holds it
-/// makes it live, with the holder to show (DESIGN §5).
+/// another namespace (rules 2 and 3), a search of the node for the recorded namespace first:
+/// anything that holds it (a process, thread, open file or socket, a mount in another mount
+/// namespace) makes it live, with the holder to show (DESIGN §5).
 pub fn liveness_on_node(
     record_boot: &str,
     netns: &str,
