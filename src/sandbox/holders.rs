@@ -131,6 +131,9 @@ struct Index {
     mounts: HashMap<String, Vec<(Key, Holder)>>,
     /// The mount namespaces whose mounts were read.
     mount_namespaces: HashSet<Key>,
+    /// Every nsfs mount point seen, of any kind of namespace: a descriptor opened through
+    /// one reads back as that path (or `/` once it is detached), not as `net:[inode]`.
+    nsfs_points: HashSet<String>,
     /// The first holder that could not be looked into.
     unseen: Option<Holder>,
 }
@@ -303,7 +306,7 @@ impl NodeIndex {
                 1 => self.threads.get_or_init(|| build_threads(&self.proc)),
                 _ => self
                     .files
-                    .get_or_init(|| build_files(&self.proc, &self.main().mount_namespaces)),
+                    .get_or_init(|| build_files(&self.proc, self.main())),
             };
             let (found, gone) = self.confirm_any(index, id);
             if found.is_some() {
@@ -319,10 +322,7 @@ impl NodeIndex {
             // Look once more, afresh: what holds it now is found, and a holder gone again
             // holds nothing.
             let main = build_main(&self.proc);
-            let fresh = [
-                build_threads(&self.proc),
-                build_files(&self.proc, &main.mount_namespaces),
-            ];
+            let fresh = [build_threads(&self.proc), build_files(&self.proc, &main)];
             if let Some(found) = std::iter::once(&main)
                 .chain(&fresh)
                 .find_map(|index| self.confirm_any(index, id).0)
@@ -571,6 +571,7 @@ fn build_main(proc: &Path) -> Index {
             continue;
         };
         for m in nsfs_mounts(&text) {
+            index.nsfs_points.insert(m.mount_point.clone());
             let root = dir.join("root").join(m.mount_point.trim_start_matches('/'));
             match m.kind {
                 NsKind::Net => index.add_mount(
@@ -609,7 +610,9 @@ fn follow_pins(proc: &Path, chains: Vec<Vec<Pin>>, index: &mut Index) {
             Ok(Ok(text)) => text,
             Ok(Err(e)) | Err(e) => {
                 index.mount_namespaces.remove(&last);
-                if gone_or_unsure(&e) == Confirm::Unsure {
+                // EINVAL: another kind of namespace (a descriptor read back as a path).
+                let other_kind = e.raw_os_error() == Some(nix::libc::EINVAL);
+                if !other_kind && gone_or_unsure(&e) == Confirm::Unsure {
                     let at = chain.last().map(|p| p.path.as_str()).unwrap_or_default();
                     index.unseen(format!("the mount namespace pinned at {at}"));
                 }
@@ -617,6 +620,7 @@ fn follow_pins(proc: &Path, chains: Vec<Vec<Pin>>, index: &mut Index) {
             }
         };
         for m in nsfs_mounts(&text) {
+            index.nsfs_points.insert(m.mount_point.clone());
             match m.kind {
                 NsKind::Net => index.add_mount(
                     m.key,
@@ -668,10 +672,10 @@ fn build_threads(proc: &Path) -> Index {
 
 /// Every open file descriptor that is a network namespace, every socket whose network
 /// namespace is not its process's own, and the mount namespaces held open as files that
-/// `read` (the mount namespaces already read) lacks.
-fn build_files(proc: &Path, read: &HashSet<Key>) -> Index {
+/// `main` (processes and mounts) has not read.
+fn build_files(proc: &Path, main: &Index) -> Index {
     let mut index = Index {
-        mount_namespaces: read.clone(),
+        mount_namespaces: main.mount_namespaces.clone(),
         ..Index::default()
     };
     let Some(dev) = nsfs_dev(proc) else {
@@ -698,15 +702,30 @@ fn build_files(proc: &Path, read: &HashSet<Key>) -> Index {
             let Some(target) = target.to_str() else {
                 continue;
             };
+            let pin = |key| {
+                vec![Pin {
+                    path: entry.path().to_string_lossy().into_owned(),
+                    key,
+                }]
+            };
             if let Some(ino) = ns_link_ino(target, "net") {
                 index.add((dev, ino), Holder::File { pid, fd });
             } else if let Some(ino) = ns_link_ino(target, "mnt") {
-                pins.push(vec![Pin {
-                    path: entry.path().to_string_lossy().into_owned(),
-                    key: (dev, ino),
-                }]);
+                pins.push(pin((dev, ino)));
             } else if target.starts_with("socket:[") {
                 sockets.push(fd);
+            } else if target == "/" || main.nsfs_points.contains(target) {
+                // Opened through a bind mount: only a stat tells what it is (the rest of
+                // the paths are left unstatted: a stat can hang on a dead NFS server).
+                let Ok(m) = std::fs::metadata(entry.path()) else {
+                    continue;
+                };
+                if m.dev() == dev {
+                    // Either kind: a network namespace's key matches records, a mount
+                    // namespace's is followed (any other kind is skipped there).
+                    index.add((dev, m.ino()), Holder::File { pid, fd });
+                    pins.push(pin((dev, m.ino())));
+                }
             }
         }
         if !sockets.is_empty() {
