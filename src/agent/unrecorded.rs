@@ -69,7 +69,8 @@ pub fn after_injection(
         if *n > 0 {
             crate::warn!(
                 "agent: network {net}: {n} attachment(s) in libcni's cache ({}) still have no \
-                 record (unusable cache files or busy keys): gc cannot replay them",
+                 record (unusable cache files, busy keys, or deferred: a path of this boot \
+                 that shows no namespace): gc cannot replay them",
                 cache_dir.join("results").display()
             );
         }

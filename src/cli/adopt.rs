@@ -76,11 +76,12 @@ fn print_human(r: &Report) {
         })
         .count();
     outln!(
-        "{}{verb} {n}, already recorded {}, unusable {}, left out {}",
+        "{}{verb} {n}, already recorded {}, unusable {}, left out {}, deferred {}",
         if r.dry_run { "dry run: " } else { "" },
         r.already_recorded,
         r.unusable.len(),
-        r.left_out.len()
+        r.left_out.len(),
+        r.deferred.len()
     );
     if r.networks.is_empty() {
         outln!(
@@ -119,6 +120,16 @@ fn print_human(r: &Report) {
                 "CACHE FILE",
             ],
             &rows,
+        );
+    }
+    for d in &r.deferred {
+        outln!(
+            "deferred: {}/{}/{}: nothing at {} and no identity to find it by elsewhere on \
+             the node: adopted once a reboot proves it gone",
+            d.network,
+            d.container_id,
+            d.ifname,
+            d.netns
         );
     }
     for a in r.adopted.iter().filter(|a| !a.missing_plugins.is_empty()) {

@@ -2,13 +2,16 @@
 //! not (made before the ledger was installed, or while a network plugin had pushed it
 //! out of the conflist), so gc can replay their DEL like any other.
 //!
-//! Liveness errs towards live, as everywhere: with a cached netns path (libcni 1.2 on),
-//! the namespace found there now is the record's identity, and nothing there makes it
-//! stale (`netns-missing`), whatever the file's date; without one, a cache file last
-//! written before this boot began (by the earliest reading of that, `time::boot_began`: the
-//! clock may have been stepped since) is from an earlier boot (`boot-changed`);
-//! otherwise the record is live until the runtime's valid set says otherwise. An
-//! existing record is never touched.
+//! Liveness errs towards live, as everywhere. A cache file last written before this boot
+//! began (by the earliest reading of that, `time::boot_began`: the clock may have been
+//! stepped since) whose netns path shows nothing, or that has none, is from an earlier
+//! boot (`boot-changed`). With a cached netns path (libcni 1.2 on), the namespace found
+//! there now, or mounted there in another mount namespace, is the record's identity. A
+//! path of this boot that shows nothing is not adopted yet (`deferred`): with no identity
+//! recorded at its ADD, nothing can tell its namespace gone from one held elsewhere on
+//! the node (an open file, a socket, a pinned mount), so it waits for a reboot to prove
+//! it gone. Without a path, the record is live until the runtime's valid set says
+//! otherwise. An existing record is never touched.
 //!
 //! Only networks whose chain holds the ledger are taken: a DEL of any other network
 //! never reaches the ledger, so its record would outlive a clean teardown and be
@@ -127,6 +130,20 @@ pub struct Report {
     pub already_recorded: usize,
     /// Cache files that are empty, cut off or otherwise unusable: reported, never used.
     pub unusable: Vec<Unusable>,
+    /// Entries of this boot whose namespace path shows nothing: not adopted until a
+    /// reboot proves the namespace gone.
+    pub deferred: Vec<Deferred>,
+}
+
+/// A cache entry left for now: its namespace may still be held elsewhere on the node.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Deferred {
+    pub network: String,
+    pub container_id: String,
+    pub ifname: String,
+    pub cache_file: String,
+    pub netns: String,
 }
 
 pub fn run(opts: &Options) -> Result<Report> {
@@ -213,6 +230,27 @@ pub fn run(opts: &Options) -> Result<Report> {
             sandbox::liveness_on_node(&rec.boot_id, &rec.netns, rec.netns_id, &boot, &node)
                 .0
                 .reason;
+        if rec.netns_id.is_none()
+            && rec.boot_id == boot
+            && matches!(
+                reason,
+                Some(sandbox::Reason::NetnsMissing | sandbox::Reason::NetnsNotNamespace)
+            )
+        {
+            crate::info!(
+                "adopt: {key}: nothing at {}, and no identity to search the node for: \
+                 not adopted until a reboot proves it gone",
+                rec.netns
+            );
+            report.deferred.push(Deferred {
+                network: key.network,
+                container_id: key.container_id,
+                ifname: key.ifname,
+                cache_file: path.display().to_string(),
+                netns: rec.netns,
+            });
+            continue;
+        }
         let action = if opts.dry_run {
             AdoptAction::WouldAdopt
         } else {
@@ -467,18 +505,20 @@ pub fn record_for(
         };
         (None, boot_id)
     } else {
-        // A path to check: its namespace, not the file's date, says which boot this is.
-        // Whatever namespace is at the path now is this boot's and taken as the
-        // attachment's (the same probe ADD records); nothing there leaves no identity
-        // and the path missing; a path that cannot be examined is judged live later.
+        // A path to check: whatever namespace is at the path now is this boot's and taken
+        // as the attachment's (the same probe ADD records); nothing there leaves no
+        // identity (the caller defers such an entry of this boot); a path that cannot be
+        // examined is judged live later.
         // A path that shows nothing here may be a mount in the runtime's own mount
         // namespace: its identity is taken there, so gc can find the pod by it.
         match sandbox::probe(&entry.netns) {
             Probe::Namespace(id) => (Some(id), boot.to_string()),
-            Probe::Missing | Probe::NotNamespace => (
-                node.mounted_at(&entry.netns).map(|(id, _)| id),
-                boot.to_string(),
-            ),
+            Probe::Missing | Probe::NotNamespace => match node.mounted_at(&entry.netns) {
+                Some((id, _)) => (Some(id), boot.to_string()),
+                // Written before this boot: its namespace went with that boot.
+                None if entry.written_at < booted_at => (None, String::new()),
+                None => (None, boot.to_string()),
+            },
             _ => (None, boot.to_string()),
         }
     };
@@ -620,6 +660,8 @@ mod tests {
         );
         assert!(live.netns_id.is_some());
         assert_eq!(judged(&live), None);
+        // Nothing at the path: from an earlier boot if written before this one began;
+        // otherwise missing (and `run` defers it: it may be held elsewhere).
         let gone = record_for(
             &entry("/run/nonexistent-netns", 1),
             "b",
@@ -627,7 +669,15 @@ mod tests {
             "/opt/cni/bin",
             &node(),
         );
-        assert_eq!(judged(&gone), Some("netns-missing"));
+        assert_eq!(judged(&gone), Some("boot-changed"));
+        let this_boot = record_for(
+            &entry("/run/nonexistent-netns", 100),
+            "b",
+            100,
+            "/opt/cni/bin",
+            &node(),
+        );
+        assert_eq!(judged(&this_boot), Some("netns-missing"));
         assert_eq!(gone.source, Some(RecordSource::Adopted));
         assert_eq!(
             gone.cache_file.as_deref(),
