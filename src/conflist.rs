@@ -270,6 +270,154 @@ pub fn plugin_sources(doc: &Value, conf_file: Option<&str>) -> Vec<Option<String
     }
 }
 
+/// Which libcni a runtime loads configuration files with: before v1.3 (no drop-ins; a
+/// `.conflist` must have a non-empty `plugins` list) or v1.3 (drop-ins appended, a
+/// `.conflist` may have no `plugins` key at all and take its chain from them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Libcni {
+    V1_1,
+    V1_3,
+}
+
+impl Libcni {
+    pub const ALL: [Libcni; 2] = [Libcni::V1_1, Libcni::V1_3];
+
+    /// As shown in metrics' `libcni` label and in `/readyz`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Libcni::V1_1 => "1.1",
+            Libcni::V1_3 => "1.3",
+        }
+    }
+}
+
+/// The chain a runtime builds from one file of its conf dir, as containerd's go-cni and
+/// CRI-O's ocicni do: a `.conflist` by libcni's `ConfListFromFile` (with `libcni`'s
+/// rules), a `.conf` or `.json` by `ConfFromFile` (one plugin, with a `type`) made into a
+/// one-plugin list. Err: why that libcni refuses it, in its words where it has them.
+pub fn load_for_runtime(path: &Path, libcni: Libcni) -> std::result::Result<Value, String> {
+    let bytes = read_whole(path).map_err(|e| format!("error reading {}: {e}", path.display()))?;
+    if path.extension().is_some_and(|e| e == "conflist") {
+        return load_list(path, &bytes, libcni);
+    }
+    let doc: Value =
+        serde_json::from_slice(&bytes).map_err(|e| format!("error parsing configuration: {e}"))?;
+    let Some(obj) = doc.as_object() else {
+        return Err("error parsing configuration: not a JSON object".into());
+    };
+    if obj.get("name").is_some_and(|n| !n.is_string())
+        || obj.get("cniVersion").is_some_and(|v| !v.is_string())
+    {
+        return Err("error parsing configuration: name and cniVersion must be strings".into());
+    }
+    if obj
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .is_empty()
+    {
+        return Err("error parsing configuration: missing 'type'".into());
+    }
+    let mut list = serde_json::Map::new();
+    list.insert(
+        "cniVersion".into(),
+        obj.get("cniVersion").cloned().unwrap_or(Value::from("")),
+    );
+    list.insert(
+        "name".into(),
+        obj.get("name").cloned().unwrap_or(Value::from("")),
+    );
+    list.insert("plugins".into(), Value::Array(vec![doc.clone()]));
+    Ok(Value::Object(list))
+}
+
+/// A `.conflist` as `libcni`'s `NetworkConfFromFile` (v1.3) or `ConfListFromFile`
+/// (before) loads it; the chain with drop-ins appended for v1.3.
+fn load_list(path: &Path, bytes: &[u8], libcni: Libcni) -> std::result::Result<Value, String> {
+    let err = |why: &str| format!("error parsing configuration list: {why}");
+    let doc: Value = serde_json::from_slice(bytes).map_err(|e| err(&e.to_string()))?;
+    let Some(obj) = doc.as_object() else {
+        return Err(err("not a JSON object"));
+    };
+    if !obj.get("name").ok_or_else(|| err("no name"))?.is_string() {
+        return Err(err("invalid name type"));
+    }
+    if obj.get("cniVersion").is_some_and(|v| !v.is_string()) {
+        return Err(err("invalid cniVersion type"));
+    }
+    let only_inlined = match libcni {
+        Libcni::V1_1 => {
+            // Before v1.3 the one boolean read is `disableCheck`, and only as a JSON bool.
+            if obj.get("disableCheck").is_some_and(|v| !v.is_boolean()) {
+                return Err(err("invalid disableCheck type"));
+            }
+            true
+        }
+        Libcni::V1_3 => {
+            for key in ["disableCheck", "disableGC"] {
+                read_bool(&doc, key).map_err(|e| e.to_string())?;
+            }
+            read_bool(&doc, "loadOnlyInlinedPlugins").map_err(|e| e.to_string())?
+        }
+    };
+    let inline = match obj.get("plugins") {
+        None if libcni == Libcni::V1_1 => return Err(err("no 'plugins' key")),
+        None if only_inlined => {
+            return Err(err(
+                "`loadOnlyInlinedPlugins` is true, and no 'plugins' key",
+            ))
+        }
+        None => Vec::new(),
+        Some(Value::Array(p)) if p.is_empty() => return Err(err("no plugins in list")),
+        Some(Value::Array(p)) => p.clone(),
+        Some(_) => return Err(err("invalid 'plugins' type")),
+    };
+    for (i, p) in inline.iter().enumerate() {
+        if plugin_type(p).is_empty() {
+            return Err(format!(
+                "failed to parse plugin config {i}: error parsing configuration: missing 'type'"
+            ));
+        }
+    }
+    let mut list = doc.clone();
+    let mut plugins = inline;
+    if libcni == Libcni::V1_3 {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let more = dropins(dir, &doc).map_err(|e| format!("{e:#}"))?;
+        plugins.extend(more.into_iter().map(|(_, p)| p));
+        if plugins.is_empty() {
+            return Err("no plugin configs found".into());
+        }
+    }
+    if let Some(o) = list.as_object_mut() {
+        o.insert("plugins".into(), Value::Array(plugins));
+    }
+    Ok(list)
+}
+
+/// The drop-in directory of the conflist `list` (at `path`) as it stands: every entry
+/// libcni v1.3 would read (`*.conf`, not a directory) with its bytes (None: unreadable),
+/// by name. What an agent's plan of that conflist depends on besides its own bytes.
+pub fn dropin_state(path: &Path, list: &Value) -> Vec<(PathBuf, Option<Vec<u8>>)> {
+    let name = list.get("name").and_then(Value::as_str).unwrap_or("");
+    let dir = dropin_dir(path.parent().unwrap_or(Path::new(".")), name);
+    let Ok(rd) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(PathBuf, Option<Vec<u8>>)> = rd
+        .filter_map(|e| e.ok())
+        .filter(|e| !e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter(|e| e.file_name().as_bytes().ends_with(b".conf"))
+        .map(|e| {
+            let p = e.path();
+            let bytes = std::fs::read(&p).ok();
+            (p, bytes)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.as_os_str().as_bytes().cmp(b.0.as_os_str().as_bytes()));
+    out
+}
+
 /// What identifies a network's chain apart from the ledger's own place in it: a digest
 /// of its name and plugins, the `ledger_type` entries left out and keys in sorted order,
 /// so the conflist before and after `inject` (or as another program reformatted it)
@@ -344,7 +492,8 @@ pub fn loads(doc: &Value) -> bool {
     named && (list || single)
 }
 
-/// Configuration files of `dir` that load, sorted by file name (the runtime's order, as
+/// Configuration files of `dir` that load (a `.conflist` of drop-ins alone included),
+/// sorted by file name (the runtime's order, as
 /// kubelet's runtimes list `.conf`, `.conflist` and `.json` together).
 pub fn loadable(dir: &Path) -> Result<Vec<(PathBuf, Value)>> {
     let rd = match std::fs::read_dir(dir) {
@@ -368,7 +517,12 @@ pub fn loadable(dir: &Path) -> Result<Vec<(PathBuf, Value)>> {
         .filter_map(|p| {
             let bytes = std::fs::read(&p).ok()?;
             let doc: Value = serde_json::from_slice(&bytes).ok()?;
-            loads(&doc).then_some((p, doc))
+            // A `.conflist` whose chain comes from drop-ins alone loads with libcni v1.3.
+            let loaded = loads(&doc)
+                || (p.extension().is_some_and(|e| e == "conflist")
+                    && doc.get("plugins").is_none()
+                    && load_for_runtime(&p, Libcni::V1_3).is_ok());
+            loaded.then_some((p, doc))
         })
         .collect())
 }

@@ -35,6 +35,13 @@ pub struct EntryOptions<'a> {
 /// and digit, so libcni v1.3 (which sorts drop-ins by name) runs it last.
 pub const TAIL_DROPIN: &str = "~cni-ledger-tail.conf";
 
+/// The file name of the head when the conflist has no `plugins` of its own (libcni v1.3
+/// takes its whole chain from drop-ins): `!` sorts before every letter and digit, so
+/// the head runs first. Written as a drop-in rather than as an inline `plugins` list:
+/// libcni before v1.3 refuses a conflist without `plugins`, and an inline list holding
+/// only the ledger would make it load there as a chain without a network.
+pub const HEAD_DROPIN: &str = "!cni-ledger-head.conf";
+
 /// The head's keys the tail takes over: the same ledger, the same log, the same wait
 /// for a key a replay holds. Copied on every edit, so the two never disagree.
 const TAIL_COPIES: &[&str] = &["ledgerDir", "logFile", "logLevel", "lockTimeoutMs"];
@@ -53,11 +60,11 @@ pub fn tail_entry(head: &Map<String, Value>, plugin_type: &str) -> Value {
     Value::Object(tail)
 }
 
-/// Whether `dropins` (of the network being edited) hold any but our own tail.
+/// Whether `dropins` (of the network being edited) hold any but our own entries.
 fn foreign_dropins(dropins: &[Value], plugin_type: &str) -> bool {
     dropins
         .iter()
-        .any(|p| !crate::chain::is_tail(p, plugin_type))
+        .any(|p| conflist::plugin_type(p) != plugin_type)
 }
 
 /// Returns the new conflist, or an error saying why this document cannot take a ledger.
@@ -101,9 +108,11 @@ pub fn transform_with_dropins(
     let mut tail = None;
     if !remove {
         let mut caps = Map::new();
+        // Our own drop-ins declare nothing of the chain's: a capability only the
+        // ledger's head declares would outlive the plugin that brought it.
         let foreign: Vec<&Value> = dropins
             .iter()
-            .filter(|p| !crate::chain::is_tail(p, plugin_type))
+            .filter(|p| conflist::plugin_type(p) != plugin_type)
             .collect();
         for p in others.iter().copied().chain(foreign) {
             for cap in conflist::declared_capabilities(p) {
@@ -150,11 +159,14 @@ pub struct Planned {
     pub changed: bool,
     /// The tail as a drop-in (a `.conflist` only): what its file should hold.
     pub tail_dropin: Option<TailDropin>,
+    /// The head as a drop-in (a `.conflist` without `plugins`): what its file should hold.
+    pub head_dropin: Option<TailDropin>,
 }
 
-/// The drop-in tail of a network with drop-ins (see the module's comment).
+/// A drop-in of the ledger's own: the tail of a network with drop-ins (see the module's
+/// comment), or the head of a conflist whose chain is all drop-ins (`HEAD_DROPIN`).
 pub struct TailDropin {
-    /// `<confdir>/<network>/TAIL_DROPIN`.
+    /// `<confdir>/<network>/TAIL_DROPIN` (or `HEAD_DROPIN`).
     pub path: std::path::PathBuf,
     /// What the file should hold; None: no such file.
     pub want: Option<String>,
@@ -203,6 +215,7 @@ fn plan_tail_dropin(
     let file = dir.join(TAIL_DROPIN);
     let head = conflist::plugins(new)
         .iter()
+        .chain(dropins.iter())
         .find(|p| crate::chain::is_head(p, plugin_type))
         .and_then(Value::as_object);
     let want = match head {
@@ -245,6 +258,9 @@ pub fn plan(
     } else {
         Vec::new()
     };
+    if is_conflist && doc.is_object() && doc.get("plugins").is_none() {
+        return plan_dropins_only(path, doc, plugin_type, opts, remove, &dropins);
+    }
     let new = transform_with_dropins(&doc, plugin_type, opts, remove, &dropins)?;
     let mut text = serde_json::to_string_pretty(&new)?;
     text.push('\n');
@@ -254,12 +270,96 @@ pub fn plan(
     } else {
         None
     };
+    // A head drop-in left from when the conflist had no `plugins`: it goes.
+    let head_dropin = if is_conflist {
+        plan_head_dropin(path, &new, None)
+    } else {
+        None
+    };
     Ok(Planned {
         doc,
         new,
         text,
         changed,
         tail_dropin,
+        head_dropin,
+    })
+}
+
+/// The planned state of the head drop-in of the conflist `doc` at `path`: `want` its
+/// entry, None for no such file.
+fn plan_head_dropin(path: &Path, doc: &Value, want: Option<&Value>) -> Option<TailDropin> {
+    let name = doc.get("name")?.as_str()?;
+    let file = crate::replace::parent_dir(path)
+        .join(name.trim_start_matches('/'))
+        .join(HEAD_DROPIN);
+    let want = match want {
+        Some(v) => {
+            let mut text = serde_json::to_string_pretty(v).ok()?;
+            text.push('\n');
+            Some(text)
+        }
+        None => None,
+    };
+    let have = std::fs::read_to_string(&file).ok();
+    Some(TailDropin {
+        changed: have != want,
+        path: file,
+        want,
+    })
+}
+
+/// The plan for a `.conflist` without `plugins`, whose chain libcni v1.3 takes from its
+/// drop-ins alone: the file stays as it is; the head is the drop-in `HEAD_DROPIN`
+/// (options kept from one already there, capabilities the union of the other
+/// drop-ins'), the tail the drop-in `TAIL_DROPIN`.
+fn plan_dropins_only(
+    path: &Path,
+    doc: Value,
+    plugin_type: &str,
+    opts: &EntryOptions,
+    remove: bool,
+    dropins: &[Value],
+) -> Result<Planned> {
+    if !foreign_dropins(dropins, plugin_type) && !remove {
+        bail!("no \"plugins\" list and no drop-in plugin: libcni loads no chain from it");
+    }
+    // The head's entry as `transform` makes it for the drop-ins as a chain.
+    let head = if remove {
+        None
+    } else {
+        let others: Vec<Value> = dropins
+            .iter()
+            .filter(|p| !crate::chain::is_tail(p, plugin_type))
+            .cloned()
+            .collect();
+        let mut as_list = doc.clone();
+        if let Some(o) = as_list.as_object_mut() {
+            o.insert("plugins".into(), Value::Array(others));
+        }
+        let no_tail = EntryOptions {
+            ledger_dir: opts.ledger_dir,
+            conf_dir: opts.conf_dir,
+            no_tail: true,
+        };
+        let made = transform(&as_list, plugin_type, &no_tail, false)?;
+        conflist::plugins(&made).first().cloned()
+    };
+    let head_dropin = plan_head_dropin(path, &doc, head.as_ref());
+    let mut with_head = doc.clone();
+    if let Some(o) = with_head.as_object_mut() {
+        o.insert("plugins".into(), Value::Array(head.into_iter().collect()));
+    }
+    let tail_dropin = plan_tail_dropin(path, &with_head, plugin_type, opts, remove, dropins);
+    let mut text = serde_json::to_string_pretty(&doc)?;
+    text.push('\n');
+    Ok(Planned {
+        new: doc.clone(),
+        doc,
+        text,
+        changed: false,
+        tail_dropin,
+        head_dropin,
     })
 }
 

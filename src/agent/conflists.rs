@@ -24,6 +24,8 @@ pub struct FileState {
     /// The document the agent left there (for telling what another writer changed).
     ours_doc: Option<Value>,
     ours_ino: Option<u64>,
+    /// The drop-ins `ours` was planned with: the plan depends on them too.
+    ours_dropins: Option<DropinView>,
     /// A single-plugin `.conf` the agent converted into a `.conflist`.
     converted: bool,
     pub revert_backoff: RevertBackoff,
@@ -33,6 +35,39 @@ pub struct FileState {
     pub unsupported: Option<String>,
     /// While `unsupported`: the agent took the ledger out of it (kept for `/readyz`).
     took_out: bool,
+}
+
+/// The drop-in directory of a conflist as a plan sees it: the other writers' drop-ins
+/// and the ledger's own tail drop-in. A change to either calls for a new plan even when
+/// the conflist's bytes are unchanged: a drop-in that comes or goes changes the chain's
+/// capabilities (the head declares their union) and where the tail goes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct DropinView {
+    others: Vec<(PathBuf, Option<Vec<u8>>)>,
+    tail: Option<Vec<u8>>,
+    head: Option<Vec<u8>>,
+}
+
+impl DropinView {
+    /// As it stands on disk for the conflist `path` holding `bytes`.
+    fn read(path: &Path, bytes: &[u8]) -> DropinView {
+        if path.extension().is_none_or(|e| e != "conflist") {
+            return DropinView::default();
+        }
+        let Ok(doc) = serde_json::from_slice::<Value>(bytes) else {
+            return DropinView::default();
+        };
+        let mut others = crate::conflist::dropin_state(path, &doc);
+        let mut take = |name: &str| {
+            others
+                .iter()
+                .position(|(p, _)| p.file_name().is_some_and(|f| f == name))
+                .and_then(|i| others.remove(i).1)
+        };
+        let tail = take(injection::TAIL_DROPIN);
+        let head = take(injection::HEAD_DROPIN);
+        DropinView { others, tail, head }
+    }
 }
 
 /// What one file's pass came to.
@@ -162,9 +197,10 @@ impl<'a> Conflists<'a> {
         };
         let bytes = read.bytes.clone();
         let ino = Some(read.ino());
+        let view = DropinView::read(path, &bytes);
         {
             let st = self.files.entry(path.to_path_buf()).or_default();
-            if st.ours.as_deref() == Some(&bytes[..]) {
+            if st.ours.as_deref() == Some(&bytes[..]) && st.ours_dropins.as_ref() == Some(&view) {
                 if st.revert_backoff.settle(now) {
                     crate::info!(
                         "agent: {}: quiet again; the fight with another writer is over",
@@ -211,6 +247,23 @@ impl<'a> Conflists<'a> {
                 return Some(FileOutcome::new(path.to_path_buf(), false, false, net));
             }
         };
+        // What the plan was made from: the drop-ins as read, our own as planned.
+        let want = |d: &Option<injection::TailDropin>| {
+            d.as_ref()
+                .and_then(|d| d.want.clone())
+                .map(String::into_bytes)
+        };
+        let planned_view = DropinView {
+            tail: want(&planned.tail_dropin),
+            head: want(&planned.head_dropin),
+            ..view
+        };
+        // A conflist whose chain is all drop-ins gets its head as one (written before
+        // the tail, so a chain never has the tail alone); one left from such a conflist
+        // goes.
+        if let Some(d) = planned.head_dropin.take().filter(|d| d.changed) {
+            apply_tail_dropin(&d);
+        }
         // The drop-in tail of a network with drop-ins (docs/CHAIN.md): an old one goes
         // before the conflist changes, a new one comes after, so there are never two.
         let dropin = planned.tail_dropin.take().filter(|d| d.changed);
@@ -222,13 +275,21 @@ impl<'a> Conflists<'a> {
             if let Some(d) = dropin.as_ref().filter(|d| d.want.is_some()) {
                 apply_tail_dropin(d);
             }
+            // A head in a drop-in is first only if no other drop-in sorts before it.
+            if let Some(why) = not_first(path, &self.opts.plugin_type) {
+                st.ours = None;
+                st.error = Some(why);
+                return Some(FileOutcome::new(path.to_path_buf(), false, false, net));
+            }
             st.ours = Some(bytes);
             st.ours_doc = Some(planned.doc);
             st.ours_ino = ino;
+            st.ours_dropins = Some(planned_view);
             st.error = None;
             return Some(FileOutcome::new(path.to_path_buf(), true, false, net));
         }
-        if st.ours.is_some() {
+        // Ours byte for byte, planned anew for a drop-in that came or went: no revert.
+        if st.ours.is_some() && st.ours.as_deref() != Some(&bytes[..]) {
             let replaced = ino != st.ours_ino;
             let what = describe_change(st.ours_doc.as_ref(), &planned.doc, replaced);
             if !Self::on_revert(self.shared, path, st, &what, now) {
@@ -249,6 +310,7 @@ impl<'a> Conflists<'a> {
             st,
             self.shared,
         )?;
+        st.ours_dropins = Some(planned_view);
         if let Some(d) = dropin.as_ref().filter(|d| ok && d.want.is_some()) {
             apply_tail_dropin(d);
         }
@@ -295,7 +357,11 @@ impl<'a> Conflists<'a> {
                 true,
             )
             .and_then(|mut planned| {
-                if let Some(d) = planned.tail_dropin.take().filter(|d| d.changed) {
+                for d in [planned.tail_dropin.take(), planned.head_dropin.take()]
+                    .into_iter()
+                    .flatten()
+                    .filter(|d| d.changed)
+                {
                     d.apply()?;
                 }
                 if !planned.changed {
@@ -626,14 +692,36 @@ fn write_new(path: &Path, like: &crate::replace::ReadConf, bytes: &[u8]) -> anyh
     ino.with_context(|| format!("examining {}", path.display()))
 }
 
-/// Writes or removes the drop-in tail as planned; a failure is logged and tried again on
-/// the next pass (until then the chain has no tail: its records are untracked).
+/// Writes or removes one of the ledger's drop-ins (tail or head) as planned; a failure is
+/// logged and tried again on the next pass (until then a tail's records are untracked,
+/// and a chain without its head drop-in shows as not injected).
 fn apply_tail_dropin(d: &injection::TailDropin) {
     match d.apply() {
-        Ok(()) if d.want.is_some() => crate::info!("agent: {}: tail placed", d.path.display()),
-        Ok(()) => crate::info!("agent: {}: tail removed", d.path.display()),
+        Ok(()) if d.want.is_some() => crate::info!("agent: {}: placed", d.path.display()),
+        Ok(()) => crate::info!("agent: {}: removed", d.path.display()),
         Err(e) => crate::warn!("agent: {e:#}"),
     }
+}
+
+/// Why the chain of the conflist `path` as libcni v1.3 loads it (drop-ins included)
+/// does not start with the ledger's head, if it does not; None for a file that is not
+/// a `.conflist` (its inline head is what was planned) or that v1.3 cannot load (the
+/// plan judged it).
+fn not_first(path: &Path, plugin_type: &str) -> Option<String> {
+    if path.extension().is_none_or(|e| e != "conflist") {
+        return None;
+    }
+    let list = crate::conflist::load_for_runtime(path, crate::conflist::Libcni::V1_3).ok()?;
+    let first = crate::conflist::plugins(&list).first()?;
+    if crate::chain::is_head(first, plugin_type) {
+        return None;
+    }
+    Some(format!(
+        "the chain as libcni v1.3 loads it starts with {}, not {plugin_type}: a drop-in \
+         sorts before the ledger's head drop-in {}; rename it to sort after",
+        crate::conflist::plugin_type(first),
+        injection::HEAD_DROPIN
+    ))
 }
 
 #[cfg(test)]

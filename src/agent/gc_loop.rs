@@ -110,10 +110,11 @@ fn consult(opts: &Options, endpoints: &[String], stop: &Stop) -> Option<crate::c
     use crate::cri::Served;
     // Named networks are judged as named; otherwise the runtimes say which they serve.
     let (networks, reported) = if opts.cri_networks.is_empty() {
-        let nets = conf::networks(&opts.conf_dir, &opts.choice).unwrap_or_else(|e| {
-            crate::error!("agent: {e:#}; nothing is judged by sandbox lists this run");
-            Vec::new()
-        });
+        let nets =
+            conf::networks(&opts.conf_dir, &opts.choice, &opts.bin_dirs).unwrap_or_else(|e| {
+                crate::error!("agent: {e:#}; nothing is judged by sandbox lists this run");
+                Vec::new()
+            });
         (nets, true)
     } else {
         (opts.cri_networks.clone(), false)
@@ -122,7 +123,7 @@ fn consult(opts: &Options, endpoints: &[String], stop: &Stop) -> Option<crate::c
         return Some(crate::cri::Consulted::default());
     }
     let discovered = opts.cri == CriEndpoints::Auto;
-    let default_network = conf::networks(&opts.conf_dir, &Choice::First)
+    let default_network = conf::networks(&opts.conf_dir, &Choice::First, &opts.bin_dirs)
         .ok()
         .and_then(|n| n.into_iter().next());
     let served = if reported {

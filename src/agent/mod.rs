@@ -287,7 +287,7 @@ fn entry_dirs(opts: &Options) -> (Option<PathBuf>, Option<PathBuf>) {
 /// `--uninstall`: takes the ledger out of the chosen conflist(s). The binary stays: DEL
 /// of a pod added through the old chain still runs it from libcni's cached config.
 fn uninstall(opts: &Options) -> Result<i32> {
-    let files = conf::choose(&opts.conf_dir, &opts.choice)?;
+    let files = conf::choose(&opts.conf_dir, &opts.choice, &opts.bin_dirs)?;
     let mut status = 0;
     for f in &files {
         let r = (|| -> Result<bool> {
@@ -299,15 +299,20 @@ fn uninstall(opts: &Options) -> Result<i32> {
                 &crate::injection::EntryOptions::default(),
                 true,
             )?;
-            // A drop-in tail (docs/CHAIN.md) goes too.
-            let dropin = planned.tail_dropin.as_ref().filter(|d| d.changed);
-            if let Some(d) = dropin {
+            // The ledger's drop-ins (tail, docs/CHAIN.md; head of a chain of drop-ins) go too.
+            let mut dropped = false;
+            for d in [&planned.tail_dropin, &planned.head_dropin]
+                .into_iter()
+                .flatten()
+                .filter(|d| d.changed)
+            {
                 d.apply()?;
+                dropped = true;
             }
             if planned.changed {
                 crate::replace::write_replacing(f, planned.text.as_bytes())?;
             }
-            Ok(planned.changed || dropin.is_some())
+            Ok(planned.changed || dropped)
         })();
         match r {
             Ok(true) => crate::info!("agent: {}: ledger removed", f.display()),

@@ -20,6 +20,8 @@ pub struct Status {
     /// Why the last gc run judged nothing by the CRI runtimes' list, when it did not
     /// (kept by the gc loop in `Shared::cri_refused`, filled in by `Shared::status`).
     pub cri_refused: Option<String>,
+    /// Per runtime and libcni, the conflist it loads (`conf::Chosen::rules`).
+    pub rules: Vec<super::conf::RuleChoice>,
 }
 
 #[derive(Debug, Clone)]
@@ -30,7 +32,7 @@ pub struct ConfStatus {
     pub error: Option<String>,
     /// The chain runs at a cniVersion the ledger does not serve (the version as shown).
     pub unsupported: Option<String>,
-    /// The runtime uses this file: the one asked for, or with `--conflist all` the first.
+    /// A runtime uses this file (or may): a rule's choice, or the one asked for.
     pub runtimes: bool,
 }
 
@@ -78,6 +80,7 @@ impl Status {
                 lines.push(format!("ok ledger first in {f} (verified)"));
             }
         }
+        lines.extend(self.rule_lines());
         match &self.ledger_error {
             None if self.checked => lines.push("ok ledger dir usable".into()),
             None => {}
@@ -93,6 +96,62 @@ impl Status {
         let mut body = lines.join("\n");
         body.push('\n');
         (ok, body)
+    }
+}
+
+impl Status {
+    /// What the runtimes' rules came to: one line when they agree, a warning naming each
+    /// file and who loads it when they differ, and one for each rule the agent cannot
+    /// settle. Warnings only: every file a rule names is kept, and judged, above.
+    fn rule_lines(&self) -> Vec<String> {
+        use std::collections::BTreeMap;
+        let mut lines = Vec::new();
+        let mut picks: BTreeMap<&Path, Vec<String>> = BTreeMap::new();
+        let mut none = Vec::new();
+        for r in &self.rules {
+            match &r.file {
+                Some(f) => picks.entry(f.as_path()).or_default().push(r.label()),
+                None => none.push(r.label()),
+            }
+        }
+        match picks.len() {
+            0 => {}
+            1 if none.is_empty() => {
+                let f = picks.keys().next().map(|f| f.display().to_string());
+                lines.push(format!(
+                    "ok every runtime rule loads {}",
+                    f.unwrap_or_default()
+                ));
+            }
+            _ => {
+                let mut parts: Vec<String> = picks
+                    .iter()
+                    .map(|(f, who)| format!("{} by {}", f.display(), who.join(", ")))
+                    .collect();
+                if !none.is_empty() {
+                    parts.push(format!("none by {}", none.join(", ")));
+                }
+                lines.push(format!(
+                    "WARN runtimes load different conflists: {}; the ledger is kept first in each",
+                    parts.join("; ")
+                ));
+            }
+        }
+        for r in self.rules.iter().filter(|r| !r.unsure.is_empty()) {
+            let why: Vec<String> = r
+                .unsure
+                .iter()
+                .map(|(f, why)| format!("{}: {why}", f.display()))
+                .collect();
+            let all: Vec<String> = r.candidates().map(|f| f.display().to_string()).collect();
+            lines.push(format!(
+                "WARN cannot tell which conflist {} loads ({}); the ledger is kept first in each it may be: {}",
+                r.label(),
+                why.join("; "),
+                all.join(", ")
+            ));
+        }
+        lines
     }
 }
 
@@ -144,6 +203,7 @@ mod tests {
             ledger_error: None,
             checked: true,
             cri_refused: None,
+            rules: Vec::new(),
         }
     }
 
@@ -184,6 +244,44 @@ mod tests {
         let (ok, body) = s.readiness();
         assert!(
             ok && body.contains("WARN") && body.contains("0.2.0"),
+            "{body}"
+        );
+    }
+
+    #[test]
+    fn rules_that_differ_or_cannot_tell_warn_naming_files_and_rules() {
+        use super::super::conf::{RuleChoice, Runtime};
+        use crate::conflist::Libcni;
+        let rule = |runtime, file: &str, unsure: Vec<(PathBuf, String)>| RuleChoice {
+            runtime,
+            libcni: Libcni::V1_3,
+            file: Some(PathBuf::from(file)),
+            unsure,
+        };
+        let mut s = ready_status();
+        s.rules = vec![
+            rule(Runtime::Containerd, "/a", vec![]),
+            rule(Runtime::CriO, "/a", vec![]),
+        ];
+        let (ok, body) = s.readiness();
+        assert!(
+            ok && body.contains("ok every runtime rule loads /a"),
+            "{body}"
+        );
+        s.rules[1] = rule(
+            Runtime::CriO,
+            "/b",
+            vec![(PathBuf::from("/a"), "EIO".into())],
+        );
+        let (ok, body) = s.readiness();
+        assert!(ok, "{body}");
+        assert!(
+            body.contains("WARN runtimes load different conflists: /a by containerd/libcni-1.3; /b by cri-o/libcni-1.3"),
+            "{body}"
+        );
+        assert!(
+            body.contains("WARN cannot tell which conflist cri-o/libcni-1.3 loads (/a: EIO)")
+                && body.contains("may be: /a, /b"),
             "{body}"
         );
     }

@@ -20,6 +20,8 @@ pub struct Reconciler<'a> {
     shown: Vec<PathBuf>,
     /// The unrecorded count has run once (at start it runs even when nothing was written).
     gap_counted: bool,
+    /// The drop-in directories of the chosen networks, for the watch.
+    dropin_dirs: Vec<PathBuf>,
 }
 
 /// What the conflists step found.
@@ -47,6 +49,7 @@ impl<'a> Reconciler<'a> {
             ),
             shown: Vec::new(),
             gap_counted: false,
+            dropin_dirs: Vec::new(),
         }
     }
 
@@ -63,14 +66,25 @@ impl<'a> Reconciler<'a> {
             .err()
             .map(|e| format!("{e:#}"));
         let chosen = self.choose(&mut status);
-        self.forget_unchosen(&chosen);
+        self.forget_unchosen(&chosen.files);
         let pass = self.keep_conflists(&chosen, now, &mut status);
         let wake = pass.wake;
+        self.dropin_dirs = pass
+            .networks
+            .iter()
+            .map(|n| crate::conflist::dropin_dir(&self.opts.conf_dir, n))
+            .collect();
         self.count_gap(pass);
         if let Ok(mut s) = self.shared.status.lock() {
             *s = status;
         }
         wake
+    }
+
+    /// The drop-in directories of the networks the last pass kept (whether or not they
+    /// exist): a change in one changes the chain the runtime loads.
+    pub fn dropin_dirs(&self) -> &[PathBuf] {
+        &self.dropin_dirs
     }
 
     /// The plugin binary in each CNI bin dir: None where it is in place, else why not.
@@ -92,16 +106,17 @@ impl<'a> Reconciler<'a> {
     }
 
     /// The conflists to keep the ledger in; none (and why, in `status`) when there is
-    /// nothing to choose.
-    fn choose(&self, status: &mut Status) -> Vec<PathBuf> {
-        let chosen = match conf::choose(&self.opts.conf_dir, &self.opts.choice) {
+    /// nothing to choose. Each runtime rule's choice goes into `status` and the metrics.
+    fn choose(&self, status: &mut Status) -> conf::Chosen {
+        let chosen = match conf::chosen(&self.opts.conf_dir, &self.opts.choice, &self.opts.bin_dirs)
+        {
             Ok(c) => c,
             Err(e) => {
                 status.conf_error = Some(format!("{e:#}"));
-                Vec::new()
+                conf::Chosen::default()
             }
         };
-        if chosen.is_empty() && status.conf_error.is_none() {
+        if chosen.files.is_empty() && status.conf_error.is_none() {
             status.conf_error = Some(format!(
                 "no network configuration in {}{}",
                 self.opts.conf_dir.display(),
@@ -111,6 +126,34 @@ impl<'a> Reconciler<'a> {
                 }
             ));
         }
+        let m = &self.shared.metrics;
+        // Whole families each pass: a rule's earlier file must not linger as chosen.
+        m.conflist_chosen.reset();
+        m.choice_unknown.reset();
+        for r in &chosen.rules {
+            let (runtime, libcni) = (r.runtime.as_str(), r.libcni.as_str());
+            if let Some(f) = &r.file {
+                let label = f.display().to_string();
+                m.conflist_chosen
+                    .with_label_values(&[label.as_str(), runtime, libcni])
+                    .set(1);
+            }
+            m.choice_unknown
+                .with_label_values(&[runtime, libcni])
+                .set(i64::from(!r.unsure.is_empty()));
+        }
+        if chosen.rules.iter().any(|r| !r.unsure.is_empty()) {
+            crate::warn!(
+                "agent: cannot tell which conflist some runtimes load; keeping the ledger in each it may be ({})",
+                chosen
+                    .rules
+                    .iter()
+                    .flat_map(|r| r.unsure.iter().map(|(f, why)| format!("{}: {why}", f.display())))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
+        }
+        status.rules = chosen.rules.clone();
         chosen
     }
 
@@ -131,15 +174,15 @@ impl<'a> Reconciler<'a> {
     /// Brings each chosen file into shape, and shows each in the metrics and `status`.
     fn keep_conflists(
         &mut self,
-        chosen: &[PathBuf],
+        chosen: &conf::Chosen,
         now: Instant,
         status: &mut Status,
     ) -> ConflistsPass {
         let mut pass = ConflistsPass::default();
         let mut shown = Vec::new();
-        for (i, path) in chosen.iter().enumerate() {
-            // The file the runtime uses: the one asked for, or of all, the first.
-            let runtimes = i == 0 || self.opts.choice != conf::Choice::All;
+        for path in &chosen.files {
+            // A file a runtime uses (or may): failing on it fails readiness.
+            let runtimes = chosen.used.contains(path);
             let done = self.conflists.reconcile_file(path, now);
             pass.wrote |= done.wrote;
             if done.injected {

@@ -1,15 +1,19 @@
 //! The agent's loop: a reconcile pass, then a wait for whatever may call for the next
 //! one. The conf dir (not the files: an installer that replaces a file by rename makes
 //! a new inode) is watched with inotify and re-armed when the directory itself goes
-//! away; a periodic resync catches anything the watch missed; a pass may ask to run
-//! again sooner (a backoff ending). Another source of wake-ups is one more fd in the
-//! wait's poll set (see `run`).
+//! away; so is each chosen network's drop-in directory `<conf dir>/<network>/` (its
+//! plugins join the chain, and the head's capabilities with them), armed after each
+//! pass, a new one found by the conf dir's `IN_CREATE`; a periodic resync catches
+//! anything the watch missed; a pass may ask to run again sooner (a backoff ending).
+//! Another source of wake-ups is one more fd in the wait's poll set (see `run`).
 
 use super::reconcile::Reconciler;
 use super::{Options, Shared, Stop};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
+use std::collections::BTreeMap;
 use std::os::fd::AsFd;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// Events that arrive together (a write, then a rename) are taken in one pass.
@@ -22,7 +26,22 @@ pub struct ConfWatcher<'a> {
     opts: &'a Options,
     shared: &'a Shared,
     inotify: Option<Inotify>,
+    /// The conf dir's own watch: its going away calls for re-arming everything.
+    conf_wd: Option<WatchDescriptor>,
+    /// The drop-in directories watched now.
+    dropin_wds: BTreeMap<PathBuf, WatchDescriptor>,
     reconciler: Reconciler<'a>,
+}
+
+/// What a watched directory's changes are seen by.
+fn watch_flags() -> AddWatchFlags {
+    AddWatchFlags::IN_CLOSE_WRITE
+        | AddWatchFlags::IN_MOVED_TO
+        | AddWatchFlags::IN_MOVED_FROM
+        | AddWatchFlags::IN_DELETE
+        | AddWatchFlags::IN_DELETE_SELF
+        | AddWatchFlags::IN_MOVE_SELF
+        | AddWatchFlags::IN_ONLYDIR
 }
 
 impl<'a> ConfWatcher<'a> {
@@ -31,6 +50,8 @@ impl<'a> ConfWatcher<'a> {
             opts,
             shared,
             inotify: None,
+            conf_wd: None,
+            dropin_wds: BTreeMap::new(),
             reconciler: Reconciler::new(opts, shared),
         }
     }
@@ -39,19 +60,18 @@ impl<'a> ConfWatcher<'a> {
         if self.inotify.is_some() {
             return;
         }
-        let flags = AddWatchFlags::IN_CLOSE_WRITE
-            | AddWatchFlags::IN_MOVED_TO
-            | AddWatchFlags::IN_MOVED_FROM
-            | AddWatchFlags::IN_DELETE
-            | AddWatchFlags::IN_DELETE_SELF
-            | AddWatchFlags::IN_MOVE_SELF
-            | AddWatchFlags::IN_ONLYDIR;
+        // IN_CREATE: a drop-in directory made (a file in it is seen by its own watch).
+        let flags = watch_flags() | AddWatchFlags::IN_CREATE;
         let armed = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).and_then(|i| {
-            i.add_watch(&self.opts.conf_dir, flags)?;
-            Ok(i)
+            let wd = i.add_watch(&self.opts.conf_dir, flags)?;
+            Ok((i, wd))
         });
         match armed {
-            Ok(i) => self.inotify = Some(i),
+            Ok((i, wd)) => {
+                self.inotify = Some(i);
+                self.conf_wd = Some(wd);
+                self.dropin_wds.clear();
+            }
             Err(e) => crate::warn!(
                 "agent: cannot watch {} ({e}); retrying every {}s, resync meanwhile",
                 self.opts.conf_dir.display(),
@@ -71,12 +91,19 @@ impl<'a> ConfWatcher<'a> {
                 break;
             }
             for ev in events {
-                if ev.mask.intersects(
+                let gone = ev.mask.intersects(
                     AddWatchFlags::IN_IGNORED
                         | AddWatchFlags::IN_DELETE_SELF
                         | AddWatchFlags::IN_MOVE_SELF,
-                ) {
+                );
+                if !gone {
+                    continue;
+                }
+                if Some(ev.wd) == self.conf_wd {
                     alive = false;
+                } else {
+                    // A drop-in directory gone: armed again once it is back.
+                    self.dropin_wds.retain(|_, wd| *wd != ev.wd);
                 }
             }
         }
@@ -86,8 +113,43 @@ impl<'a> ConfWatcher<'a> {
                 self.opts.conf_dir.display()
             );
             self.inotify = None;
+            self.conf_wd = None;
+            self.dropin_wds.clear();
         }
         alive
+    }
+
+    /// Watches the drop-in directories of the last pass's networks that exist, and no
+    /// others; true when it armed a new one (what changed in it before is read by one
+    /// more pass).
+    fn arm_dropins(&mut self) -> bool {
+        let Some(ino) = &self.inotify else {
+            return false;
+        };
+        let mut armed = false;
+        let want = self.reconciler.dropin_dirs();
+        let stale: Vec<PathBuf> = self
+            .dropin_wds
+            .keys()
+            .filter(|d| !want.contains(d))
+            .cloned()
+            .collect();
+        for d in stale {
+            if let Some(wd) = self.dropin_wds.remove(&d) {
+                let _ = ino.rm_watch(wd);
+            }
+        }
+        for d in want {
+            if self.dropin_wds.contains_key(d) {
+                continue;
+            }
+            // Missing now: the conf dir's IN_CREATE brings a pass that arms it.
+            if let Ok(wd) = ino.add_watch(d, watch_flags()) {
+                self.dropin_wds.insert(d.clone(), wd);
+                armed = true;
+            }
+        }
+        armed
     }
 
     pub fn run(mut self, stop: &Stop) {
@@ -95,6 +157,9 @@ impl<'a> ConfWatcher<'a> {
             self.shared.health.beat(&self.shared.health.watch);
             self.arm();
             let wake = self.reconciler.pass();
+            if self.arm_dropins() {
+                continue;
+            }
             let now = Instant::now();
             let mut deadline = now + self.opts.resync;
             if self.inotify.is_none() {

@@ -18,8 +18,9 @@ pub struct Args {
     /// The runtime's CNI conf dir.
     #[arg(long, value_name = "DIR", default_value = crate::cni::config::DEFAULT_CONF_DIR)]
     conf_dir: PathBuf,
-    /// Which conflist to keep the ledger in: the runtime's choice (`first`: the lexically
-    /// first .conf/.conflist/.json that loads), `all`, or a file or network name.
+    /// Which conflist to keep the ledger in: the runtimes' choice (`first`: the file each
+    /// of containerd, CRI-O and Podman loads by its own rule, every one of them), `all`, or
+    /// a file or network name.
     #[arg(long, value_name = "NAME|all", default_value = "first")]
     conflist: Choice,
     #[arg(long, default_value_os_t = super::ledger_dir_default())]

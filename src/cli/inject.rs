@@ -54,10 +54,13 @@ pub fn run(args: Args) -> Result<i32> {
                 crate::cni::version::serves_list(&planned.doc)?;
             }
             let dropin = planned.tail_dropin.as_ref().filter(|d| d.changed);
-            let changed = planned.changed || dropin.is_some();
+            // A conflist whose chain is all drop-ins keeps its bytes: its head is a
+            // drop-in of its own.
+            let head = planned.head_dropin.as_ref().filter(|d| d.changed);
+            let changed = planned.changed || dropin.is_some() || head.is_some();
             if args.dry_run {
                 out!("{}", planned.text);
-                if let Some(d) = dropin {
+                for d in [head, dropin].into_iter().flatten() {
                     match &d.want {
                         Some(text) => out!("# {}:\n{text}", d.path.display()),
                         None => outln!("# {}: removed", d.path.display()),
@@ -72,8 +75,13 @@ pub fn run(args: Args) -> Result<i32> {
             if !changed {
                 return Ok("unchanged");
             }
-            // A drop-in tail goes before the conflist changes and comes after: in between
-            // the chain has no tail (its records are untracked), never two.
+            // A head drop-in comes first and goes last, so the chain never has the tail
+            // without the head. A drop-in tail goes before the conflist changes and comes
+            // after: in between the chain has no tail (its records are untracked), never
+            // two.
+            if let Some(d) = head.filter(|d| d.want.is_some()) {
+                d.apply()?;
+            }
             if let Some(d) = dropin.filter(|d| d.want.is_none()) {
                 d.apply()?;
             }
@@ -81,6 +89,9 @@ pub fn run(args: Args) -> Result<i32> {
                 write_replacing(path, planned.text.as_bytes())?;
             }
             if let Some(d) = dropin.filter(|d| d.want.is_some()) {
+                d.apply()?;
+            }
+            if let Some(d) = head.filter(|d| d.want.is_none()) {
                 d.apply()?;
             }
             Ok(if args.remove {

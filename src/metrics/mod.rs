@@ -37,6 +37,8 @@ pub struct Metrics {
     pub reverts: IntCounterVec,
     pub fight: IntGaugeVec,
     pub unsupported_version: IntGaugeVec,
+    pub conflist_chosen: IntGaugeVec,
+    pub choice_unknown: IntGaugeVec,
     pub unrecorded: IntGaugeVec,
     pub binary_installed: IntGaugeVec,
     pub cri_up: IntGaugeVec,
@@ -92,6 +94,11 @@ impl Metrics {
         };
         let gauge_vec = |name: &str, help: &str, label: &str| {
             let m = IntGaugeVec::new(opts(name, help), &[label]).expect("valid metric");
+            register(Box::new(m.clone()), Box::new(m.clone()));
+            m
+        };
+        let gauge_vec_n = |name: &str, help: &str, labels: &[&str]| {
+            let m = IntGaugeVec::new(opts(name, help), labels).expect("valid metric");
             register(Box::new(m.clone()), Box::new(m.clone()));
             m
         };
@@ -195,6 +202,16 @@ impl Metrics {
                 "cni_ledger_conflist_unsupported_version",
                 "1 when this conflist's chain runs at a cniVersion the ledger does not serve: it is left without the ledger.",
                 "file",
+            ),
+            conflist_chosen: gauge_vec_n(
+                "cni_ledger_conflist_chosen",
+                "1 for the conflist this runtime loads with this libcni, by the agent's reading of its rule (the agent keeps the ledger first in each).",
+                &["file", "runtime", "libcni"],
+            ),
+            choice_unknown: gauge_vec_n(
+                "cni_ledger_conflist_choice_unknown",
+                "1 when the agent cannot tell which conflist this runtime loads with this libcni (a plugin binary it cannot examine): it keeps the ledger in each file it may be.",
+                &["runtime", "libcni"],
             ),
             unrecorded: gauge_vec(
                 "cni_ledger_unrecorded_attachments",
