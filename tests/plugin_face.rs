@@ -809,6 +809,119 @@ fn read_only_ledger_fails_add_unless_warn_and_status_reports_50() {
     );
 }
 
+/// The libcni v1.3 driver running `args` in a private mount namespace in which `dir` is
+/// bind-mounted read-only onto itself: the plugins libcni runs see the ledger as a
+/// read-only mount shows it, and nothing outside the test's process sees the mount.
+fn driver13_with_ro_dir(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
+    let mut c = std::process::Command::new("unshare");
+    c.args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@""#)
+        .arg("sh")
+        .arg(dir)
+        .arg(driver13())
+        .args(args);
+    c.output().unwrap()
+}
+
+/// Issue 37: on a read-only ledger, STATUS through libcni v1.3's GetStatusNetworkList (what
+/// containerd 2.x turns into NetworkReady) answers as ADD does: error 50 under the default
+/// `onLedgerError: fail`, available under `warn` (with an ADD that goes on unrecorded, the
+/// node must not go NotReady), the problem logged to the log file and stderr.
+#[test]
+fn status_through_libcni_follows_on_ledger_error_on_a_read_only_ledger() {
+    require_root!();
+    let mut f = Fixture::with_spec(ChainSpec {
+        cni_version: "1.1.0".into(),
+        ..ChainSpec::ledger_only()
+    });
+    // libcni v1.1 reads no 1.1.0 result: every call here is libcni v1.3's.
+    f.driver = driver13();
+    let ns = Netns::new();
+    let netns = ns.path_str();
+    let (conf_dir, cni_path) = (f.conf_dir.display().to_string(), f.cni_path());
+    let network = f.network.clone();
+    let status = [
+        "status",
+        "--conf-dir",
+        &conf_dir,
+        "--net",
+        &network,
+        "--cni-path",
+        &cni_path,
+    ];
+    let add = |f: &Fixture, cid: &str| {
+        let cache = f.cache_dir.display().to_string();
+        let args = [
+            "add",
+            "--conf-dir",
+            &conf_dir,
+            "--net",
+            &network,
+            "--cid",
+            cid,
+            "--ifname",
+            "eth0",
+            "--netns",
+            &netns,
+            "--cni-path",
+            &cni_path,
+            "--cache-dir",
+            &cache,
+        ];
+        driver13_with_ro_dir(&f.ledger_dir, &args)
+    };
+    // A ledger that exists and works: available.
+    f.add("c-before", "eth0", Some(&netns), None)
+        .expect("ADD on a writable ledger");
+    let out = run_ok(std::process::Command::new(driver13()).args(status));
+    assert!(out.stderr.is_empty(), "{}", describe(&out));
+
+    // Read-only, onLedgerError: fail: ADD fails, and STATUS says not available.
+    let out = add(&f, "c-fail");
+    assert!(
+        !out.status.success(),
+        "ADD on a read-only ledger: {}",
+        describe(&out)
+    );
+    let out = driver13_with_ro_dir(&f.ledger_dir, &status);
+    assert!(
+        !out.status.success(),
+        "STATUS on a read-only ledger: {}",
+        describe(&out)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the ledger cannot be written"), "{err}");
+
+    // Read-only, onLedgerError: warn: ADD goes on, and so does STATUS, saying why in the
+    // log file and on stderr (the runtime's log).
+    f.set_ledger_opt("onLedgerError", json!("warn"));
+    let out = add(&f, "c-warn");
+    assert!(out.status.success(), "ADD under warn: {}", describe(&out));
+    let log_before = f.log().len();
+    let out = driver13_with_ro_dir(&f.ledger_dir, &status);
+    assert!(
+        out.status.success(),
+        "STATUS under warn on a read-only ledger: {}",
+        describe(&out)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("STATUS") && err.contains("onLedgerError=warn"),
+        "not on stderr: {err}"
+    );
+    let log = f.log();
+    let new = &log[log_before.min(log.len())..];
+    assert!(
+        new.contains("the ledger cannot be written") && new.contains("onLedgerError=warn"),
+        "not in the log file: {new:?}"
+    );
+    // Writable again: available, and nothing was recorded while it was not.
+    let out = run_ok(std::process::Command::new(driver13()).args(status));
+    assert!(out.stderr.is_empty(), "{}", describe(&out));
+    assert_eq!(f.record_files().len(), 1, "{:?}", f.record_files());
+    f.del("c-before", "eth0", Some(&netns), None).unwrap();
+}
+
 // -----------------------------------------------------------------------------------------
 // VERSION, STATUS, CHECK
 // -----------------------------------------------------------------------------------------
