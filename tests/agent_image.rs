@@ -114,6 +114,19 @@ fn record(node: &PrivateRun, network: &str, id: &str) -> Option<Value> {
     Some(doc["record"].clone())
 }
 
+/// A process whose mount namespace has a mount at `path` (as its mountinfo shows it).
+fn mount_namespace_mounting(path: &str) -> Option<u32> {
+    let needle = format!(" {path} ");
+    fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+                .is_ok_and(|m| m.lines().any(|l| l.contains(&needle)))
+        })
+}
+
 /// The address host-local holds for a pod, by its file in the node's IPAM dir.
 fn holds_address(node: &PrivateRun, network: &str, id: &str) -> bool {
     fs::read_dir(node.reach("/var/lib/cni/networks").join(network))
@@ -383,10 +396,38 @@ fn the_daemonsets_agent_leaves_live_pods_alone_and_releases_only_a_forgotten_one
     assert_eq!(all_dels(&node), Vec::<String>::new(), "{}", logs());
     stray.stop();
 
-    // containerd back, without the forgotten pod: that one alone is released, its
-    // address and port mapping with it, by a replay that goes through the chain.
+    // containerd back, without the forgotten pod: its list no longer names it, but its
+    // namespace is still mounted (in the mount namespace the old containerd's shims
+    // keep), and a runtime's silence never frees a namespace that is there.
+    let forgotten_ns = record(&node, &network, &forgotten).unwrap()["netns"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let mut ctrd = Containerd::launch(&dir, net.name(), Some(&node), Containerd::DEFAULT_SOCKET);
     procs.add(ctrd.pid().unwrap());
+    let settled = metric(runs).unwrap_or(0.0);
+    wait_metric("two gc runs on the list without it", &|m| {
+        sample(m, runs).unwrap_or(0.0) >= settled + 2.0
+    });
+    assert!(
+        record(&node, &network, &forgotten).is_some(),
+        "the forgotten pod was freed while its namespace was mounted:\n{}",
+        logs()
+    );
+    assert_eq!(all_dels(&node), Vec::<String>::new(), "{}", logs());
+    // Its namespace goes (unmounted where containerd mounted it): that one alone is
+    // released, its address and port mapping with it, by a replay through the chain.
+    let ns_name = forgotten_ns.rsplit('/').next().unwrap();
+    let holder = mount_namespace_mounting(&format!("/run/netns/{ns_name}"))
+        .unwrap_or_else(|| panic!("no mount namespace mounts {forgotten_ns}"));
+    ok(
+        Command::new("nsenter")
+            .arg(format!("--mount=/proc/{holder}/ns/mnt"))
+            .args(["ip", "netns", "del", ns_name])
+            .output()
+            .unwrap(),
+        "ip netns del in containerd's mount namespace",
+    );
     wait_for(Duration::from_secs(60), || {
         record(&node, &network, &forgotten).is_none()
     })

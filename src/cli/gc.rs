@@ -40,7 +40,8 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
     /// Ask this CRI runtime (unix:///PATH) which pod sandboxes exist: records of the
-    /// --cri-network networks whose container ID is none of them are stale.
+    /// --cri-network networks whose container ID is none of them, and that have no
+    /// namespace path to show them live, are stale.
     #[arg(long, value_name = "unix:///PATH", requires = "cri_network")]
     cri_endpoint: Option<String>,
     /// A network the CRI runtime serves (repeatable).

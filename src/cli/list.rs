@@ -305,7 +305,9 @@ fn row<'a>(
     let verdict = cri.and_then(|c| c.verdict(rec));
     let (mut l, holder) =
         sandbox::liveness_on_node(&rec.boot_id, &rec.netns, rec.netns_id, boot, node);
-    if l.reason.is_none() && verdict == Some(crate::cri::Verdict::Absent) {
+    // As gc judges it: the runtime's silence counts only where the namespace check could
+    // show nothing.
+    if verdict == Some(crate::cri::Verdict::Absent) && crate::cri::absence_may_judge(&l) {
         l.reason = Some(sandbox::Reason::NotInRuntime);
         l.evidence = sandbox::Evidence::Runtime;
     }

@@ -167,6 +167,17 @@ impl Judgement {
     }
 }
 
+/// Whether a runtime's silence (`Verdict::Absent`) may make stale a record whose
+/// namespace check `l` said live (DESIGN §5). A runtime's silence is not proof: a
+/// namespace shown at its path (verified by cookie, or the recorded device/inode with
+/// nothing stronger recorded), held elsewhere on the node, or at a path that cannot be
+/// read or seen from here may be a container the runtime runs outside CRI (`ctr run
+/// --cni`, nerdctl), so only a record with no namespace path at all (adopted from a
+/// cache entry that had none) is left to the list.
+pub fn absence_may_judge(l: &crate::sandbox::Liveness) -> bool {
+    l.reason.is_none() && l.evidence == crate::sandbox::Evidence::BootId
+}
+
 /// Asks the runtime; a runtime that does not answer yields None (logged, counted).
 pub fn judgement(endpoint: &str, networks: &[String], timeout: Duration) -> Option<Judgement> {
     consult(

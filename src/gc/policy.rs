@@ -61,8 +61,9 @@ pub fn judge(rec: &Record, boot: &str, opts: &Options, node: &NodeIndex) -> Live
 
 /// `judge`, with the runtime's verdict on a record whose namespace check said live (None
 /// when no runtime judges it, or it is too young for a sandbox list to know it), so that
-/// the scan can tell whether the runtime's answer can be right at all; and the holder
-/// elsewhere on the node that kept a record live whose path showed no namespace.
+/// the scan can tell whether the runtime's answer can be right at all (an absence it may
+/// not act on still counts there); and the holder elsewhere on the node that kept a
+/// record live whose path showed no namespace.
 pub(super) fn assess(
     rec: &Record,
     boot: &str,
@@ -90,7 +91,9 @@ pub(super) fn assess(
         rec.age_secs(boot, crate::time::now())
             .is_some_and(|age| age >= opts.cri_min_age_secs)
     });
-    if verdict == Some(Verdict::Absent) {
+    // Only what the namespace check could not show either way; a namespace shown live or
+    // held on the node is never freed on a runtime's silence (DESIGN §5).
+    if verdict == Some(Verdict::Absent) && crate::cri::absence_may_judge(&l) {
         let l = Liveness {
             reason: Some(Reason::NotInRuntime),
             evidence: Evidence::Runtime,
@@ -136,6 +139,7 @@ pub fn runtime_refusal(tallies: &BTreeMap<String, RuntimeTally>) -> Option<Strin
 mod tests {
     use super::*;
     use crate::ledger::record::{sample, GcState};
+    use crate::sandbox::NsId;
     use std::collections::HashSet;
     use std::path::PathBuf;
 
@@ -230,20 +234,25 @@ mod tests {
         assert_eq!(runtime_refusal(&tallies(vec![("pods", t(0, 0))])), None);
     }
 
+    /// A runtime whose list has no sandboxes of `net1`, fetched well after the sample.
+    fn empty_list(rec: &Record) -> crate::cri::Judgement {
+        crate::cri::Judgement {
+            networks: HashSet::from(["net1".to_string()]),
+            sandboxes: std::collections::HashMap::new(),
+            fetched_at: rec.created_unix().unwrap() + 100,
+            adopted: crate::cri::AdoptedChains::Any,
+        }
+    }
+
     #[test]
     fn the_runtime_judges_only_records_older_than_the_min_age() {
         let mut rec = sample();
-        rec.netns = "/proc/self/ns/net".into();
+        // No namespace path (an adopted attachment): nothing but the list can tell.
+        rec.netns = String::new();
         rec.netns_id = None;
         let boot = rec.boot_id.clone();
-        let created = rec.created_unix().unwrap();
         let mut o = opts();
-        o.cri = Some(crate::cri::Judgement {
-            networks: HashSet::from(["net1".to_string()]),
-            sandboxes: std::collections::HashMap::new(),
-            fetched_at: created + 100,
-            adopted: crate::cri::AdoptedChains::Any,
-        });
+        o.cri = Some(empty_list(&rec));
         // The sample was made in the past on the wall clock: old enough for any min age
         // up to its real age.
         o.cri_min_age_secs = 60;
@@ -258,6 +267,67 @@ mod tests {
         assert_eq!(
             judge(&rec, &boot, &o, &NodeIndex::new()).reason,
             Some(Reason::NotInRuntime)
+        );
+    }
+
+    /// Issue 37: a container on the runtime's network that CRI does not list (`ctr run
+    /// --cni`) must keep its network while its namespace is there, whatever the list says.
+    #[test]
+    fn the_runtime_never_frees_a_namespace_shown_live_or_held() {
+        let own = match sandbox::probe("/proc/self/ns/net") {
+            sandbox::Probe::Namespace(id) => id,
+            other => panic!("our own namespace: {other:?}"),
+        };
+        let mut rec = sample();
+        let boot = rec.boot_id.clone();
+        let mut o = opts();
+        o.cri = Some(empty_list(&rec));
+        o.cri_min_age_secs = 0;
+        let judged = |rec: &Record, o: &Options| {
+            let (l, verdict, _) = assess(rec, &boot, o, &NodeIndex::new());
+            (l.reason, l.evidence, verdict)
+        };
+        let absent = Some(Verdict::Absent);
+        // At its path, verified by its cookie (what a ctr container's record shows).
+        rec.netns = "/proc/self/ns/net".into();
+        rec.netns_id = Some(own);
+        let cookie = if own.cookie.is_some() {
+            Evidence::Cookie
+        } else {
+            Evidence::DevIno
+        };
+        assert_eq!(judged(&rec, &o), (None, cookie, absent));
+        // At its path by device/inode, nothing stronger recorded.
+        rec.netns_id = Some(NsId {
+            cookie: None,
+            pid_start: None,
+            ..own
+        });
+        assert_eq!(judged(&rec, &o), (None, Evidence::DevIno, absent));
+        rec.netns_id = None;
+        assert_eq!(judged(&rec, &o), (None, Evidence::DevIno, absent));
+        // Gone from its path, but held elsewhere on the node (here: by this process).
+        let dir = tempfile::tempdir().unwrap();
+        rec.netns = dir.path().join("gone").display().to_string();
+        rec.netns_id = Some(own);
+        assert_eq!(judged(&rec, &o), (None, Evidence::Held, absent));
+        // Its directory unseen from here: it may be there all the same, so live.
+        rec.netns = "/nonexistent-dir/ns".into();
+        assert_eq!(judged(&rec, &o), (None, Evidence::Unseen, absent));
+        // No path at all (adopted from a cache entry without one): only the list can tell.
+        rec.netns = String::new();
+        rec.netns_id = None;
+        assert_eq!(
+            judged(&rec, &o),
+            (Some(Reason::NotInRuntime), Evidence::Runtime, absent)
+        );
+        rec.netns_id = Some(own);
+        // The CNI GC verb's valid list is an explicit statement: it still decides.
+        rec.netns = "/proc/self/ns/net".into();
+        o.valid = Some(HashSet::new());
+        assert_eq!(
+            judge(&rec, &boot, &o, &NodeIndex::new()).reason,
+            Some(Reason::NotValid)
         );
     }
 
