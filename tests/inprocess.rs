@@ -324,6 +324,7 @@ fn bad_requests_get_the_spec_codes_and_write_nothing() {
 
 #[test]
 fn add_writes_a_durable_record_with_every_field_and_a_snapshot_of_the_chain() {
+    common::root::require_ledger_trust!();
     let w = World::new();
     let conflist = w.write_conflist(&[w.host_local_entry("10.90.1.0/24")]);
     let pod = Pod::spawn();
@@ -443,6 +444,7 @@ fn add_writes_a_durable_record_with_every_field_and_a_snapshot_of_the_chain() {
 /// keeps the file's inode and size.
 #[test]
 fn add_records_the_chain_as_it_is_now_when_the_conflist_is_remembered() {
+    common::root::require_ledger_trust!();
     let w = World::new();
     let tail = json!({"type": "cni-ledger", "role": "tail", "ledgerDir": w.ledger});
     let conflist = w.write_conflist(&[w.host_local_entry("10.90.7.0/24"), tail]);
@@ -498,6 +500,7 @@ fn add_records_the_chain_as_it_is_now_when_the_conflist_is_remembered() {
 
 #[test]
 fn add_passes_prev_result_through_unchanged_in_every_version() {
+    common::root::require_ledger_trust!();
     let w = World::new();
     for (i, version) in SUPPORTED.iter().enumerate() {
         // Fields the ledger knows nothing about, in an order it must keep.
@@ -557,6 +560,7 @@ fn add_over_an_unwritable_ledger_fails_with_5_unless_told_to_warn() {
 /// by one. A missing path and a plain file are recorded the same way.
 #[test]
 fn add_records_no_identity_for_an_unreadable_missing_or_non_namespace_path() {
+    common::root::require_ledger_trust!();
     let w = World::new();
     let closed = w.dir.path().join("closed");
     fs::create_dir(&closed).unwrap();
@@ -594,6 +598,7 @@ fn add_records_no_identity_for_an_unreadable_missing_or_non_namespace_path() {
 
 #[test]
 fn del_drops_the_record_and_a_del_of_nothing_succeeds() {
+    common::root::require_ledger_trust!();
     let w = World::new();
     // No ledger at all yet: DEL succeeds and creates none.
     let a = w.del("c1");
@@ -622,6 +627,7 @@ fn del_drops_the_record_and_a_del_of_nothing_succeeds() {
 
 #[test]
 fn check_answers_from_the_record() {
+    common::root::require_ledger_trust!();
     let w = World::new();
     let conf = w.conf("1.0.0");
     let e = cni_error(&w.verb("CHECK", "c1", &conf), 3);
@@ -647,6 +653,7 @@ fn check_answers_from_the_record() {
 /// and moves the file, byte for byte, to quarantine instead of dropping it unseen.
 #[test]
 fn del_quarantines_a_damaged_record_and_keeps_its_bytes() {
+    common::root::require_ledger_trust!();
     let w = World::new();
     assert_eq!(w.add("c1", &w.conf("1.0.0")).status, 0);
     w.damage("c1", "eth0");
@@ -690,6 +697,13 @@ fn status_is_available_only_while_the_ledger_can_be_written() {
     let e = cni_error(&status(&conf), 50);
     assert_eq!(e["msg"], json!("the ledger cannot be written"));
     assert!(e["details"].as_str().is_some_and(|d| !d.is_empty()), "{e}");
+
+    // Under onLedgerError: warn ADD goes on without a record, and STATUS says what ADD
+    // does: available (issue 37), or the runtime stops starting pods ADD would let through.
+    conf["onLedgerError"] = json!("warn");
+    status(&conf).assert_quiet_success();
+    conf["onLedgerError"] = json!("fail");
+    cni_error(&status(&conf), 50);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -701,11 +715,8 @@ fn status_is_available_only_while_the_ledger_can_be_written() {
 /// replayed through the recorded chain, so host-local releases their addresses, and
 /// their records go. Another network's record is not this GC's business.
 #[test]
-#[cfg_attr(
-    not(feature = "testing"),
-    ignore = "gc trusts only root's ledgers; run with --features testing"
-)]
 fn gc_replays_del_for_attachments_not_in_the_valid_list_and_keeps_the_valid_ones() {
+    common::root::require_ledger_trust!();
     let w = World::new();
     w.write_conflist(&[w.host_local_entry("10.90.2.0/24")]);
     let pod = Pod::spawn();
@@ -751,11 +762,8 @@ fn gc_replays_del_for_attachments_not_in_the_valid_list_and_keeps_the_valid_ones
 /// still-valid attachments): a `null` under one name never shadows the list under the
 /// other, and a request with no list at all judges nothing and is refused with error 7.
 #[test]
-#[cfg_attr(
-    not(feature = "testing"),
-    ignore = "gc trusts only root's ledgers; run with --features testing"
-)]
 fn gc_verb_reads_its_list_strictly() {
+    common::root::require_ledger_trust!();
     let w = World::new();
     w.write_conflist(&[w.host_local_entry("10.90.5.0/24")]);
     let pod = Pod::spawn();
@@ -797,11 +805,8 @@ fn gc_verb_reads_its_list_strictly() {
 /// A replay that fails keeps its record, counts an attempt, and the runtime gets error
 /// 11 naming it; the others are cleaned all the same. A malformed list is error 7.
 #[test]
-#[cfg_attr(
-    not(feature = "testing"),
-    ignore = "gc trusts only root's ledgers; run with --features testing"
-)]
 fn gc_reports_what_it_could_not_clean_as_try_again_later() {
+    common::root::require_ledger_trust!();
     let w = World::new();
     let blocker = w.dir.path().join("a-file");
     fs::write(&blocker, b"").unwrap();
@@ -843,11 +848,8 @@ fn gc_reports_what_it_could_not_clean_as_try_again_later() {
 /// chain is not run; one of a newer format is left in place for a newer cni-ledger, by
 /// gc and by DEL alike, and CHECK takes it for a record.
 #[test]
-#[cfg_attr(
-    not(feature = "testing"),
-    ignore = "gc trusts only root's ledgers; run with --features testing"
-)]
 fn gc_quarantines_damaged_records_and_leaves_newer_formats_alone() {
+    common::root::require_ledger_trust!();
     let w = World::new();
     w.write_conflist(&[w.host_local_entry("10.90.4.0/24")]);
     let pod = Pod::spawn();

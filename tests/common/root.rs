@@ -83,6 +83,31 @@ macro_rules! require_root {
 #[allow(unused_imports)]
 pub(crate) use require_root;
 
+/// Whether the plugin will trust a ledger this user owns: root's always, another user's
+/// only in a `testing` build (`faults::trust_ledger_owner`), since gc and the plugin
+/// refuse a ledger any other user could have written. Otherwise as `may_skip`.
+pub fn ledger_trust_or_skip() -> bool {
+    cfg!(feature = "testing")
+        || nix::unistd::geteuid().is_root()
+        || !may_skip(
+            "writes a ledger its user owns, which only a testing build trusts",
+            "its plugin calls need a ledger the plugin trusts: run `cargo test --features testing` (or as root)",
+        )
+}
+
+/// The first line of a test whose plugin calls write or act on a ledger: returns from
+/// the test when `ledger_trust_or_skip` says so.
+#[allow(unused_macros)]
+macro_rules! require_ledger_trust {
+    () => {
+        if !$crate::common::root::ledger_trust_or_skip() {
+            return;
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use require_ledger_trust;
+
 /// The first line of a test that needs tools under target/ (paths relative to the
 /// tree): returns from the test when they are missing and `tools_or_skip` says so.
 #[allow(unused_macros)]
