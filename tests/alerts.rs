@@ -1,5 +1,5 @@
-//! The shipped alerts on real agents: eleven `cni-ledger agent` processes, ten with one
-//! fault each and one healthy, scraped by a real Prometheus (Debian's) that evaluates
+//! The shipped alerts on real agents: twelve `cni-ledger agent` processes, eleven with
+//! one fault each and one healthy, scraped by a real Prometheus (Debian's) that evaluates
 //! `deploy/prometheus/cni-ledger-rules.yaml`. Each fault's alert must fire on exactly its
 //! agent's `instance`, and no other alert on it: a conflist fight and a conflist at a
 //! cniVersion the ledger does not serve keep the ledger out of the chain, yet fire only
@@ -598,6 +598,19 @@ fn each_fault_fires_its_alert_on_its_node_only_and_the_dashboard_has_data() {
     let mut n = Node::new("add-slow", Some("CniLedgerChainAddSlow"), f);
     n.start(&[]);
     n.wait_injected();
+    nodes.push(n);
+
+    // A plugin binary the agent cannot examine (a symlink loop in the bin dir): it cannot
+    // tell whether CRI-O and Podman load this conflist or skip it, keeps the ledger in it
+    // all the same, and says so.
+    let mut f = Fixture::with_spec(ChainSpec::ledger_only());
+    f.spec.extra = vec![json!({"type": "cl-loop"})];
+    let spec = f.spec.clone();
+    f.write_conflist(&f.conflist(&spec));
+    let bin = preinstalled_bin(&f);
+    std::os::unix::fs::symlink("cl-loop", bin.join("cl-loop")).unwrap();
+    let mut n = Node::new("choice-unknown", Some("CniLedgerConflistChoiceUnknown"), f);
+    n.start(&[]);
     nodes.push(n);
 
     // Every other agent's first gc run completes before the first scrape: the scaled
