@@ -1,0 +1,523 @@
+#!/usr/bin/env bash
+# tests/k8s/cluster.sh [up|down|status|env]: a one-node Kubernetes on this machine, no
+# kubeadm, for the tests. Everything listens on 127.0.0.1 (etcd 12379/12380, API server
+# 16443, controller-manager 10257, scheduler 10259, kubelet's healthz 10248) but kubelet's
+# API (10250): kubelet refuses a loopback node IP, so the Node's InternalIP is
+# CNI_LEDGER_K8S_NODE_IP (default 198.18.254.1/32) on a veth pair of ours (cnik8snode0),
+# and kubelet listens there; the API server reaches it (logs, exec) by InternalIP.
+# Pods: bridge cnik8s0, host-local 10.244.0.0/24, portmap; no kube-proxy, no DNS, no
+# `kubernetes` Service endpoints (--endpoint-reconciler-type none).
+#
+#   up      builds (or finds cached) the pinned binaries with scripts/build-k8s.sh, then
+#           starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+#           containerd (its own root, state, socket and CNI conf dir) and kubelet, each
+#           recorded by PID and start time, and waits for the Node to be Ready.
+#           A cluster already up is left alone.
+#   down    stops every pod through the CRI, then each process it started (by PID,
+#           checked against the recorded start time), unmounts what is left under its
+#           dir, removes its cgroups (kubelet's cgroupRoot /cni-ledger-k8s, made by up in every
+#           hierarchy), its links, the /var/log/containers links into it, and its dir.
+#   status  which of its processes run, and the Node's Ready condition.
+#   env     prints `export KUBECONFIG=... PATH=...` for a shell (eval "$(cluster.sh env)").
+#
+# Settings (environment): CNI_LEDGER_K8S_DIR (default /var/lib/cni-ledger-k8s: certs,
+# configs, logs, etcd data, containerd root/state/socket, kubelet root, CNI conf dir),
+# CNI_LEDGER_K8S_CACHE (the binaries' cache, see scripts/build-k8s.sh),
+# CNI_LEDGER_K8S_NODE (the Node's name, default cni-ledger-k8s),
+# CNI_LEDGER_K8S_CNI_BIN (the CNI plugins' dir, default /usr/lib/cni: Debian's
+# containernetworking-plugins), CNI_LEDGER_K8S_TIMEOUT (seconds to wait for Ready, 240).
+#
+# Machine facts it copes with: cgroups may be hybrid v1 (kubelet's failCgroupV1: false);
+# root may lack CAP_SYS_RESOURCE (containerd's restrict_oom_score_adj); no swap check
+# (failSwapOn: false); no image registry (the sandbox image is a static pause built here
+# with gcc and imported with ctr, as tests/cri_common does).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+
+D=${CNI_LEDGER_K8S_DIR:-/var/lib/cni-ledger-k8s}
+NODE=${CNI_LEDGER_K8S_NODE:-cni-ledger-k8s}
+CNI_BIN=${CNI_LEDGER_K8S_CNI_BIN:-/usr/lib/cni}
+TIMEOUT=${CNI_LEDGER_K8S_TIMEOUT:-240}
+cache=${CNI_LEDGER_K8S_CACHE:-/var/cache/cni-ledger-k8s}
+export CNI_LEDGER_K8S_CACHE=$cache
+
+# Loopback ports, away from the defaults of a real control plane where they can be.
+ETCD_PORT=12379
+ETCD_PEER_PORT=12380
+API_PORT=16443
+KCM_PORT=10257   # kube-controller-manager's secure port (healthz)
+SCHED_PORT=10259 # kube-scheduler's
+KUBELET_PORT=10250
+KUBELET_HEALTHZ_PORT=10248
+SERVICE_CIDR=10.96.0.0/24
+POD_SUBNET=10.244.0.0/24
+BRIDGE=cnik8s0
+# kubelet refuses a loopback node IP, and the API server reaches kubelet (logs, exec) at
+# the Node's address: a /32 on a link of ours (a veth pair), reachable from this machine only.
+NODE_LINK=cnik8snode0
+NODE_IP=${CNI_LEDGER_K8S_NODE_IP:-198.18.254.1}
+SANDBOX_IMAGE=registry.invalid/cni-ledger-k8s/pause:1
+# The cgroup (in each hierarchy) under which kubelet puts kubepods: ours alone.
+CGROUP_ROOT=cni-ledger-k8s
+
+K8S_BIN=$cache/kubernetes-v1.37.2/bin
+ETCD_BIN=$cache/etcd-v3.7.4/bin
+CTRD_BIN=$cache/containerd-v2.4.2/bin
+RUNC_BIN=$cache/runc-v1.5.2/bin
+CRICTL_BIN=$cache/crictl-v1.37.0/bin
+
+SOCK=$D/containerd/containerd.sock
+
+say() { printf 'cluster: %s\n' "$*" >&2; }
+die() {
+	printf 'cluster: %s\n' "$*" >&2
+	exit 1
+}
+
+kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$D/kubeconfig/admin.conf" "$@"; }
+# crictl's own config file, so that it reads no /etc/crictl.yaml (nor warns it is missing).
+crictl() {
+	[ -f "$D/crictl.yaml" ] || printf 'runtime-endpoint: unix://%s\nimage-endpoint: unix://%s\ntimeout: 10\n' \
+		"$SOCK" "$SOCK" >"$D/crictl.yaml"
+	"$CRICTL_BIN/crictl" --config "$D/crictl.yaml" "$@"
+}
+ctr() { "$CTRD_BIN/ctr" --address "$SOCK" --namespace k8s.io "$@"; }
+
+# --- processes, known by PID and start time -------------------------------------------
+
+# Field 22 of /proc/PID/stat (start time in clock ticks since boot); the command name
+# (field 2) may hold spaces, so count from its closing parenthesis.
+starttime() {
+	local s
+	s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+	s=${s##*) }
+	set -- $s
+	echo "${20}"
+}
+
+# start NAME CMD...: runs CMD in a session of its own, logs to $D/log/NAME.log, records
+# "PID STARTTIME" in $D/pid/NAME.
+start() {
+	local name=$1 pid st
+	shift
+	setsid "$@" >>"$D/log/$name.log" 2>&1 </dev/null &
+	pid=$!
+	st=$(starttime "$pid") || die "$name exited at once: $(tail -n 20 "$D/log/$name.log")"
+	echo "$pid $st" >"$D/pid/$name"
+	say "$name started, pid $pid (log $D/log/$name.log)"
+}
+
+# running NAME: true when the recorded process is still the one we started.
+running() {
+	local pid st
+	[ -f "$D/pid/$1" ] || return 1
+	read -r pid st <"$D/pid/$1" || return 1
+	[ "$(starttime "$pid" 2>/dev/null)" = "$st" ]
+}
+
+# stop NAME: SIGTERM, up to 20 s, then SIGKILL; only the recorded process.
+stop() {
+	local name=$1 pid st i
+	[ -f "$D/pid/$name" ] || return 0
+	read -r pid st <"$D/pid/$name" || true
+	if running "$name"; then
+		say "stopping $name (pid $pid)"
+		kill -TERM "$pid" 2>/dev/null || true
+		for i in $(seq 1 100); do
+			running "$name" || break
+			sleep 0.2
+		done
+		if running "$name"; then
+			say "$name did not exit on SIGTERM: SIGKILL"
+			kill -KILL "$pid" 2>/dev/null || true
+			sleep 0.5
+		fi
+	fi
+	rm -f "$D/pid/$name"
+}
+
+# wait_for WHAT SECONDS CMD...: retry CMD until it succeeds.
+wait_for() {
+	local what=$1 secs=$2 i
+	shift 2
+	for ((i = 0; i < secs * 2; i++)); do
+		if "$@" >/dev/null 2>&1; then
+			return 0
+		fi
+		sleep 0.5
+	done
+	return 1
+}
+
+# --- certificates --------------------------------------------------------------------
+
+# cert NAME SUBJECT EXT: a key and a certificate signed by the cluster's CA.
+cert() {
+	local name=$1 subj=$2 ext=$3 p=$D/pki
+	openssl genrsa -out "$p/$name.key" 2048 2>/dev/null
+	openssl req -new -key "$p/$name.key" -subj "$subj" -out "$p/$name.csr" 2>/dev/null
+	printf '%s\n' "basicConstraints=critical,CA:FALSE" "keyUsage=critical,digitalSignature,keyEncipherment" \
+		"$ext" >"$p/$name.ext"
+	openssl x509 -req -in "$p/$name.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial \
+		-days 3650 -sha256 -extfile "$p/$name.ext" -out "$p/$name.crt" 2>/dev/null
+	rm -f "$p/$name.csr" "$p/$name.ext"
+}
+
+make_pki() {
+	local p=$D/pki
+	mkdir -p "$p"
+	openssl genrsa -out "$p/ca.key" 2048 2>/dev/null
+	openssl req -x509 -new -key "$p/ca.key" -subj "/CN=cni-ledger-k8s-ca" -days 3650 -sha256 \
+		-addext "basicConstraints=critical,CA:TRUE" \
+		-addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" -out "$p/ca.crt" 2>/dev/null
+	cert apiserver "/CN=kube-apiserver" \
+		"extendedKeyUsage=serverAuth
+subjectAltName=IP:127.0.0.1,IP:${SERVICE_CIDR%.*/*}.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+	cert admin "/O=system:masters/CN=cni-ledger-k8s-admin" "extendedKeyUsage=clientAuth"
+	cert controller-manager "/CN=system:kube-controller-manager" "extendedKeyUsage=clientAuth"
+	cert scheduler "/CN=system:kube-scheduler" "extendedKeyUsage=clientAuth"
+	cert kubelet "/O=system:nodes/CN=system:node:$NODE" "extendedKeyUsage=clientAuth"
+	cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" \
+		"extendedKeyUsage=clientAuth"
+	# The service accounts' token signing key pair.
+	openssl genrsa -out "$p/sa.key" 2048 2>/dev/null
+	openssl rsa -in "$p/sa.key" -pubout -out "$p/sa.pub" 2>/dev/null
+	chmod 600 "$p"/*.key
+}
+
+# kubeconfig NAME CERT: a kubeconfig for the client certificate CERT.
+kubeconfig() {
+	mkdir -p "$D/kubeconfig"
+	cat >"$D/kubeconfig/$1.conf" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: cni-ledger-k8s
+  cluster:
+    server: https://127.0.0.1:$API_PORT
+    certificate-authority: $D/pki/ca.crt
+users:
+- name: $2
+  user:
+    client-certificate: $D/pki/$2.crt
+    client-key: $D/pki/$2.key
+contexts:
+- name: cni-ledger-k8s
+  context: {cluster: cni-ledger-k8s, user: $2}
+current-context: cni-ledger-k8s
+EOF
+}
+
+# --- the sandbox image -----------------------------------------------------------------
+
+# A static pause in a one-layer image, as a `docker save` archive (no docker, no registry).
+make_pause_image() {
+	local img=$D/img
+	mkdir -p "$img/rootfs"
+	cat >"$img/pause.c" <<'EOF'
+#include <signal.h>
+#include <unistd.h>
+static void bye(int s) { (void)s; _exit(0); }
+int main(void) { signal(SIGTERM, bye); signal(SIGINT, bye); for (;;) pause(); }
+EOF
+	gcc -static -Os -s -o "$img/rootfs/pause" "$img/pause.c"
+	tar -C "$img/rootfs" --owner=0 --group=0 --numeric-owner -cf "$img/layer.tar" pause
+	local diff
+	diff=$(sha256sum "$img/layer.tar" | cut -d' ' -f1)
+	printf '{"architecture":"amd64","os":"linux","config":{"Entrypoint":["/pause"]},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
+		"$diff" >"$img/config.json"
+	printf '[{"Config":"config.json","RepoTags":["%s"],"Layers":["layer.tar"]}]' \
+		"$SANDBOX_IMAGE" >"$img/manifest.json"
+	tar -C "$img" -cf "$img/pause.tar" manifest.json config.json layer.tar
+}
+
+# --- configs ---------------------------------------------------------------------------
+
+write_configs() {
+	mkdir -p "$D/containerd" "$D/cni/net.d" "$D/cni/networks" "$D/kubelet" "$D/manifests" \
+		"$D/pod-logs"
+	# NRI off: it would listen at the machine's /var/run/nri/nri.sock. The runc is ours
+	# (v1.5.2, what containerd 2.4.2 is tested with).
+	cat >"$D/containerd/config.toml" <<EOF
+version = 3
+root = "$D/containerd/root"
+state = "$D/containerd/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.blockfile",
+  "io.containerd.snapshotter.v1.erofs", "io.containerd.differ.v1.erofs",
+  "io.containerd.internal.v1.opt", "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.nri.v1.nri"]
+[grpc]
+  address = "$SOCK"
+[ttrpc]
+  address = "$SOCK.ttrpc"
+[debug]
+  address = "$D/containerd/debug.sock"
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = "$SANDBOX_IMAGE"
+[plugins.'io.containerd.cri.v1.runtime']
+  restrict_oom_score_adj = true
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["$CNI_BIN"]
+    conf_dir = "$D/cni/net.d"
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+    BinaryName = "$RUNC_BIN/runc"
+    SystemdCgroup = false
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+EOF
+	cat >"$D/cni/net.d/10-pods.conflist" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "cni-ledger-k8s",
+  "plugins": [
+    { "type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": true,
+      "ipam": { "type": "host-local", "subnet": "$POD_SUBNET", "dataDir": "$D/cni/networks",
+                "routes": [{ "dst": "0.0.0.0/0" }] } },
+    { "type": "portmap", "capabilities": { "portMappings": true } }
+  ]
+}
+EOF
+	cat >"$D/kubelet/config.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $NODE_IP
+port: $KUBELET_PORT
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: $KUBELET_HEALTHZ_PORT
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $D/pki/ca.crt}
+authorization: {mode: Webhook}
+containerRuntimeEndpoint: unix://$SOCK
+imageServiceEndpoint: unix://$SOCK
+cgroupRoot: /$CGROUP_ROOT
+failCgroupV1: false
+failSwapOn: false
+clusterDomain: cluster.local
+clusterDNS: [${SERVICE_CIDR%.*/*}.10]
+resolvConf: /etc/resolv.conf
+staticPodPath: $D/manifests
+podLogsDir: $D/pod-logs
+serializeImagePulls: false
+evictionHard:
+  memory.available: "100Mi"
+  nodefs.available: "1%"
+  imagefs.available: "1%"
+  nodefs.inodesFree: "1%"
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+EOF
+	kubeconfig admin admin
+	kubeconfig controller-manager controller-manager
+	kubeconfig scheduler scheduler
+	kubeconfig kubelet kubelet
+}
+
+# kubelet's cgroup root, made in each hierarchy (kubelet refuses a missing one). A v1
+# cpuset child starts with no CPUs nor memory nodes: copy the parent's.
+make_cgroups() {
+	local h
+	for h in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
+		h=${h%/}
+		[ -f "$h/cgroup.procs" ] || continue
+		mkdir -p "$h/$CGROUP_ROOT"
+		if [ -f "$h/cpuset.cpus" ] && [ -z "$(cat "$h/$CGROUP_ROOT/cpuset.cpus")" ]; then
+			cat "$h/cpuset.cpus" >"$h/$CGROUP_ROOT/cpuset.cpus"
+			cat "$h/cpuset.mems" >"$h/$CGROUP_ROOT/cpuset.mems"
+		fi
+	done
+}
+
+remove_cgroups() {
+	local h
+	for h in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
+		h=${h%/}
+		[ -d "$h/$CGROUP_ROOT" ] || continue
+		# Deepest first; a cgroup still holding a process stays (and is reported).
+		find "$h/$CGROUP_ROOT" -depth -type d -exec rmdir {} + 2>/dev/null || true
+		[ ! -d "$h/$CGROUP_ROOT" ] || say "cgroup $h/$CGROUP_ROOT still there: $(find "$h/$CGROUP_ROOT" -name cgroup.procs -exec cat {} + | tr '\n' ' ')"
+	done
+}
+
+# --- up ------------------------------------------------------------------------------
+
+node_ready() {
+	[ "$(kubectl get node "$NODE" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
+}
+
+up() {
+	[ "$(id -u)" -eq 0 ] || die "must run as root"
+	if [ -d "$D/pid" ] && running kubelet && node_ready; then
+		say "already up: node $NODE Ready (KUBECONFIG=$D/kubeconfig/admin.conf)"
+		return 0
+	fi
+	[ ! -d "$D/pid" ] || [ -z "$(ls -A "$D/pid")" ] ||
+		die "$D holds a cluster that is not (wholly) up: run '$0 down' first"
+	[ -x "$CNI_BIN/bridge" ] && [ -x "$CNI_BIN/host-local" ] && [ -x "$CNI_BIN/portmap" ] &&
+		[ -x "$CNI_BIN/loopback" ] ||
+		die "no CNI plugins in $CNI_BIN (apt-get install containernetworking-plugins)"
+	command -v gcc >/dev/null || die "gcc is needed for the pause image (apt-get install gcc libc6-dev)"
+	local t
+	for t in openssl curl ip iptables; do
+		command -v "$t" >/dev/null || die "$t is needed (apt-get install openssl curl iproute2 iptables)"
+	done
+
+	bash "$repo/scripts/build-k8s.sh"
+
+	mkdir -p "$D/log" "$D/pid"
+	say "certificates, configs, the pause image in $D"
+	make_pki
+	write_configs
+	make_pause_image
+	make_cgroups
+	# A veth pair, not a dummy link: the kernel may lack the dummy driver (containers).
+	ip link show "$NODE_LINK" >/dev/null 2>&1 ||
+		ip link add "$NODE_LINK" type veth peer name "${NODE_LINK%0}1"
+	ip addr replace "$NODE_IP/32" dev "$NODE_LINK"
+	ip link set "${NODE_LINK%0}1" up
+	ip link set "$NODE_LINK" up
+
+	# etcd: plain HTTP on loopback, no fsync (a test cluster, rebuilt from nothing).
+	start etcd "$ETCD_BIN/etcd" --name n0 --data-dir "$D/etcd" \
+		--listen-client-urls "http://127.0.0.1:$ETCD_PORT" \
+		--advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+		--listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+		--initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+		--initial-cluster "n0=http://127.0.0.1:$ETCD_PEER_PORT" \
+		--unsafe-no-fsync --log-level warn
+	wait_for etcd 30 curl -fsS "http://127.0.0.1:$ETCD_PORT/health" ||
+		die "etcd not healthy: $(tail -n 20 "$D/log/etcd.log")"
+	say "etcd healthy"
+
+	local p=$D/pki
+	start kube-apiserver "$K8S_BIN/kube-apiserver" \
+		--etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+		--bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
+		--tls-cert-file "$p/apiserver.crt" --tls-private-key-file "$p/apiserver.key" \
+		--client-ca-file "$p/ca.crt" \
+		--kubelet-client-certificate "$p/apiserver-kubelet-client.crt" \
+		--kubelet-client-key "$p/apiserver-kubelet-client.key" \
+		--service-account-issuer https://kubernetes.default.svc.cluster.local \
+		--service-account-key-file "$p/sa.pub" \
+		--service-account-signing-key-file "$p/sa.key" \
+		--service-cluster-ip-range "$SERVICE_CIDR" \
+		--authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+		--allow-privileged=true --endpoint-reconciler-type none \
+		--kubelet-preferred-address-types InternalIP \
+		--profiling=false
+	wait_for kube-apiserver 90 kubectl get --raw /readyz ||
+		die "kube-apiserver not ready: $(tail -n 30 "$D/log/kube-apiserver.log")"
+	say "kube-apiserver ready"
+
+	start kube-controller-manager "$K8S_BIN/kube-controller-manager" \
+		--kubeconfig "$D/kubeconfig/controller-manager.conf" \
+		--authentication-kubeconfig "$D/kubeconfig/controller-manager.conf" \
+		--authorization-kubeconfig "$D/kubeconfig/controller-manager.conf" \
+		--bind-address 127.0.0.1 --secure-port "$KCM_PORT" \
+		--service-account-private-key-file "$p/sa.key" --root-ca-file "$p/ca.crt" \
+		--cluster-signing-cert-file "$p/ca.crt" --cluster-signing-key-file "$p/ca.key" \
+		--use-service-account-credentials=true --service-cluster-ip-range "$SERVICE_CIDR" \
+		--leader-elect=false --profiling=false
+	start kube-scheduler "$K8S_BIN/kube-scheduler" \
+		--kubeconfig "$D/kubeconfig/scheduler.conf" \
+		--authentication-kubeconfig "$D/kubeconfig/scheduler.conf" \
+		--authorization-kubeconfig "$D/kubeconfig/scheduler.conf" \
+		--bind-address 127.0.0.1 --secure-port "$SCHED_PORT" \
+		--leader-elect=false --profiling=false
+	wait_for kube-controller-manager 60 curl -fsSk "https://127.0.0.1:$KCM_PORT/healthz" ||
+		die "kube-controller-manager not healthy: $(tail -n 30 "$D/log/kube-controller-manager.log")"
+	wait_for kube-scheduler 60 curl -fsSk "https://127.0.0.1:$SCHED_PORT/healthz" ||
+		die "kube-scheduler not healthy: $(tail -n 30 "$D/log/kube-scheduler.log")"
+	say "kube-controller-manager and kube-scheduler healthy"
+
+	# containerd finds its shim on PATH; the shim runs the configured runc.
+	start containerd env PATH="$CTRD_BIN:$PATH" "$CTRD_BIN/containerd" \
+		--config "$D/containerd/config.toml"
+	wait_for containerd 30 crictl info ||
+		die "containerd's CRI not answering: $(tail -n 30 "$D/log/containerd.log")"
+	ctr images import "$D/img/pause.tar" >/dev/null ||
+		die "ctr images import of the pause image failed"
+	say "containerd up, $SANDBOX_IMAGE imported"
+
+	start kubelet "$K8S_BIN/kubelet" --config "$D/kubelet/config.yaml" \
+		--kubeconfig "$D/kubeconfig/kubelet.conf" --root-dir "$D/kubelet/root" \
+		--hostname-override "$NODE" --node-ip "$NODE_IP" --v 1
+	say "waiting up to ${TIMEOUT}s for node $NODE to be Ready"
+	if ! wait_for node "$TIMEOUT" node_ready; then
+		kubectl get node "$NODE" -o 'jsonpath={range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\n"}{end}' >&2 || true
+		tail -n 40 "$D/log/kubelet.log" >&2
+		die "node $NODE not Ready after ${TIMEOUT}s (logs in $D/log)"
+	fi
+	say "node $NODE Ready; export KUBECONFIG=$D/kubeconfig/admin.conf"
+}
+
+# --- down ------------------------------------------------------------------------------
+
+down() {
+	[ -d "$D" ] || {
+		say "nothing at $D"
+		return 0
+	}
+	stop kubelet
+	# Every pod through the CRI while containerd runs, so the CNI DELs happen.
+	if running containerd; then
+		crictl rmp --all --force >/dev/null 2>&1 || say "crictl rmp --all --force failed"
+	fi
+	stop containerd
+	# containerd's shims outlive it (their own session): those serving our socket.
+	local f pid args
+	for f in /proc/[0-9]*/cmdline; do
+		pid=${f#/proc/}
+		pid=${pid%/cmdline}
+		args=$({ tr '\0' ' ' <"$f"; } 2>/dev/null) || continue
+		case $args in
+		*containerd-shim-runc-v2*" -address $SOCK "* | *containerd-shim-runc-v2*" -address $SOCK")
+			say "killing leftover shim $pid"
+			kill -KILL "$pid" 2>/dev/null || true
+			;;
+		esac
+	done
+	stop kube-scheduler
+	stop kube-controller-manager
+	stop kube-apiserver
+	stop etcd
+	# Mounts left under the dir (pods' volumes, rootfs, shm, netns pins), deepest first.
+	local m
+	while read -r m; do
+		umount -l "$m" 2>/dev/null || say "umount $m failed"
+	done < <(awk -v d="$D/" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo | sort -r)
+	remove_cgroups
+	ip link del "$BRIDGE" 2>/dev/null || true
+	ip link del "$NODE_LINK" 2>/dev/null || true
+	# kubelet links each container's log into the fixed /var/log/containers.
+	find /var/log/containers -maxdepth 1 -lname "$D/*" -delete 2>/dev/null || true
+	rm -rf --one-file-system "$D"
+	say "down: $D removed"
+}
+
+status() {
+	local n
+	for n in etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet; do
+		if running "$n"; then
+			echo "$n: running (pid $(cut -d' ' -f1 "$D/pid/$n"))"
+		else
+			echo "$n: not running"
+		fi
+	done
+	kubectl get node "$NODE" -o 'jsonpath={range .status.conditions[*]}{.type}={.status} {.reason}{"\n"}{end}' 2>/dev/null ||
+		echo "node $NODE: API not reachable"
+}
+
+case ${1:-up} in
+up) up ;;
+down) down ;;
+status) status ;;
+env) echo "export KUBECONFIG=$D/kubeconfig/admin.conf PATH=$K8S_BIN:$CRICTL_BIN:$CTRD_BIN:\$PATH" ;;
+*) die "usage: $0 [up|down|status|env]" ;;
+esac
