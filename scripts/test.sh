@@ -87,6 +87,12 @@ bash scripts/fetch-unstable.sh golang-1.27-src target/go-1.27
 # target/containerd-2 (its Go binaries need only libc and bookworm's runc).
 bash scripts/fetch-unstable.sh containerd target/containerd-2
 
+# helm v4 for tests/helm.rs (the chart against the kustomize base and overlays): built from
+# helm.sh/helm/v4 with Go >= 1.26 into /var/cache/cni-ledger-helm/<version>/ (outside the
+# tree; a no-op once built).
+say "helm v4 (scripts/build-helm.sh)"
+bash scripts/build-helm.sh >/dev/null
+
 # The shipped alerting rules: valid, and their unit tests (every alert firing and not
 # firing) pass. promtool comes with Debian's prometheus package (above).
 say "promtool check rules / test rules (deploy/prometheus)"
