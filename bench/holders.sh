@@ -21,8 +21,9 @@
 # Each ledger is timed with two binaries:
 #   kernel: the release build as shipped. On a kernel with nsfs file handles (6.18+) it
 #      asks the kernel: one probe per run (it makes a scratch namespace), then one
-#      open_by_handle_at per record; A's records reopen ("held on the node"), C's fail
-#      with ESTALE. On an older kernel this mode searches /proc like the next.
+#      open_by_handle_at per record; A's records reopen (and the first tier of the search
+#      below is built once to name the holder), C's fail with ESTALE. On an older kernel
+#      this mode searches /proc like the next.
 #   search: a release build with `--features testing`, run with
 #      CNI_LEDGER_TEST_NO_NS_HANDLES=1: the /proc search that kernels without nsfs
 #      handles rely on. A finds a holder (that process or that mount) in the first tier
@@ -32,8 +33,7 @@
 #      pidfd_getfd + SIOCGSKNS + fstat: the most a run can pay.
 # `cni-ledger gc --json --dry-run --grace 0` is run over each ledger with each binary,
 # the six cases interleaved in a rotating order, ROUNDS times; every run's (live, held,
-# wouldReplay) is checked, and that A's holders are named by the kernel in kernel mode
-# (where it has nsfs handles; the run says when it has not) and never in search mode.
+# wouldReplay) is checked, and that search mode never names the kernel as a holder.
 # The medians per ledger and mode, and their differences from B (the whole cost of
 # asking), are printed with the load average before and after.
 #
@@ -168,8 +168,8 @@ for r in range(rounds):
         if got != want[d]:
             sys.exit(f"{mode} {d}: (live, held, would replay) = {got}; expected {want[d]}")
         answered[mode].update(h["heldBy"].startswith(by_kernel) for h in held)
-if answered["search"] != {False} or len(answered["kernel"]) != 1:
-    sys.exit(f"A's holders named by the kernel (True) or the search (False): {answered}")
+if True in answered["search"]:
+    sys.exit(f"search mode named the kernel as A's holder: {answered}")
 load1 = loadavg()
 m = {c: statistics.median(t) * 1000 for c, t in times.items()}
 print(f"{nprocs} processes ({procs} extra, {fds} fds and {sockets} sockets each), "
@@ -183,6 +183,4 @@ print("A: every path gone, namespace held elsewhere; B: every path shows it (no 
 print("C: namespace gone everywhere. kernel: nsfs file handles (one probe, then one reopen")
 print("per record); search: /proc in tiers, C through all of them (processes+mounts,")
 print("threads, every fd and socket).")
-if answered["kernel"] == {False}:
-    print("This kernel has no nsfs file handles (or they failed the probe): kernel mode searched too.")
 EOF

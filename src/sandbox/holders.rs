@@ -284,7 +284,10 @@ impl NodeIndex {
         if let (Some(h), Some(cookie)) = (handles, id.cookie) {
             match kernel::reopen_net(&h.nsfs, cookie, id.ino) {
                 Reopen::Alive(f) if f.metadata().is_ok_and(|m| m.dev() == id.dev) => {
-                    return Some(Holder::Kernel)
+                    // Alive for certain; name a process or mount that holds it when the
+                    // first, cheap tier shows one, for the operator reading the report.
+                    let named = self.confirm_any(self.main(), id).0;
+                    return Some(named.unwrap_or(Holder::Kernel));
                 }
                 Reopen::Stale => return None,
                 // Not answered: the search below decides.
