@@ -37,7 +37,7 @@ command -v cargo >/dev/null 2>&1 || die "cargo not found; install Rust >= 1.89 (
 # qemu-system-x86, qemu-utils, debootstrap, e2fsprogs: the VM reboot test
 # (tests/vm_reboot.rs) builds a Debian guest once and boots it; systemd: its
 # systemd-analyze verify of the units.
-packages=(containernetworking-plugins golang-go golang-github-appc-cni-dev iptables iproute2 hyperfine
+packages=(containernetworking-plugins golang-go golang-github-appc-cni-dev iptables nftables iproute2 hyperfine
 	python3 util-linux containerd gcc libc6-dev strace debootstrap podman curl prometheus python3-venv
 	qemu-system-x86 qemu-utils e2fsprogs systemd)
 missing=()
@@ -82,6 +82,11 @@ bash scripts/fetch-unstable.sh kustomize target/kustomize
 bash scripts/fetch-unstable.sh golang-github-appc-cni-dev target/libcni-1.3
 bash scripts/fetch-unstable.sh golang-1.27-go target/go-1.27
 bash scripts/fetch-unstable.sh golang-1.27-src target/go-1.27
+
+# The reference plugins v1.10.x (portmap's and bridge's nftables backends) for
+# tests/plugins_v110.rs and bench/nft-replay.sh: built from their Go module into
+# /var/cache/cni-ledger-plugins/<version>/bin, outside the clone; a no-op once built.
+bash scripts/build-plugins.sh >/dev/null
 
 # containerd 2.x (CRI config version 3) for tests/cri.rs: unstable's .deb unpacked into
 # target/containerd-2 (its Go binaries need only libc and bookworm's runc).
