@@ -37,7 +37,7 @@ command -v cargo >/dev/null 2>&1 || die "cargo not found; install Rust >= 1.89 (
 # qemu-system-x86, qemu-utils, debootstrap, e2fsprogs: the VM reboot test
 # (tests/vm_reboot.rs) builds a Debian guest once and boots it; systemd: its
 # systemd-analyze verify of the units.
-packages=(containernetworking-plugins golang-go golang-github-appc-cni-dev iptables nftables iproute2 hyperfine
+packages=(containernetworking-plugins golang-go golang-github-appc-cni-dev iptables nftables iproute2 hyperfine openssl pkg-config libseccomp-dev
 	python3 util-linux containerd gcc libc6-dev strace debootstrap podman curl prometheus python3-venv
 	qemu-system-x86 qemu-utils e2fsprogs systemd)
 missing=()
@@ -97,6 +97,14 @@ bash scripts/fetch-unstable.sh containerd target/containerd-2
 # tree; a no-op once built).
 say "helm v4 (scripts/build-helm.sh)"
 bash scripts/build-helm.sh >/dev/null
+
+# A one-node Kubernetes for tests/k8s_node.rs (tests/k8s/cluster.sh): kubelet, the control
+# plane, etcd, containerd 2.4, runc and crictl from their Go modules (Go >= 1.26.6) into
+# /var/cache/cni-ledger-k8s/ (outside the tree; a no-op once built).
+say "Kubernetes v1.37.2 (scripts/build-k8s.sh)"
+k8s_go=/usr/local/go/bin/go
+[ -x "$k8s_go" ] || k8s_go=$PWD/target/go-1.27/usr/lib/go-1.27/bin/go
+GO=${GO:-$k8s_go} bash scripts/build-k8s.sh
 
 # The shipped alerting rules: valid, and their unit tests (every alert firing and not
 # firing) pass. promtool comes with Debian's prometheus package (above).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/k8s/cluster.sh [up|down|status|env]: a one-node Kubernetes on this machine, no
+# tests/k8s/cluster.sh [up|down|restart|status|env]: a one-node Kubernetes on this machine, no
 # kubeadm, for the tests. Everything listens on 127.0.0.1 (etcd 12379/12380, API server
 # 16443, controller-manager 10257, scheduler 10259, kubelet's healthz 10248) but kubelet's
 # API (10250): kubelet refuses a loopback node IP, so the Node's InternalIP is
@@ -8,11 +8,36 @@
 # Pods: bridge cnik8s0, host-local 10.244.0.0/24, portmap; no kube-proxy, no DNS, no
 # `kubernetes` Service endpoints (--endpoint-reconciler-type none).
 #
+# The node (containerd, kubelet, the shims and every pod) runs in a mount and PID namespace
+# of its own, as a kind node does, in the machine's network namespace. Its PID 1 is a small
+# reaper (node-init), so a hostPID pod's /proc/1/root is the node's root, as on a real node.
+# In it the standard node paths are the node's own dirs under $D/node, bound over the
+# machine's: /etc/cni/net.d, /opt/cni/bin, /var/lib/cni, /var/lib/cni-ledger, /run/netns,
+# /run/containerd (containerd's socket and state dir: /run/containerd/containerd.sock in
+# the node, $D/node/run/containerd/containerd.sock from outside). So the shipped DaemonSet
+# runs unchanged (--node-root=/proc/1/root, /opt/cni/bin, /etc/cni/net.d, CRI discovery)
+# and the machine's own CNI dirs (podman's conflist, other tests' files) are never touched.
+# The node's /opt/cni/bin holds wrappers of the plugins of CNI_LEDGER_K8S_CNI_BIN that log
+# each call to $D/cni-calls.log, one line each, tab-separated: time, plugin, CNI_COMMAND,
+# CNI_CONTAINERID, CNI_NETNS, CNI_IFNAME, CNI_ARGS (the runtime's calls and the replays
+# of anything running in the node alike).
+#
 #   up      builds (or finds cached) the pinned binaries with scripts/build-k8s.sh, then
 #           starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 #           containerd (its own root, state, socket and CNI conf dir) and kubelet, each
 #           recorded by PID and start time, and waits for the Node to be Ready.
 #           A cluster already up is left alone.
+#   restart [--lose-runtime-state]
+#           an unclean reboot of the node: SIGKILL to the node's PID 1 (kubelet,
+#           containerd, the shims and the pods die at once), then what a reboot clears: the
+#           node's /run (the pods' netns files, containerd's state dir), the bridge, the
+#           nat rules and chains of this network (bridge's masquerade, portmap's DNAT),
+#           kubelet's cgroups; with --lose-runtime-state containerd's root dir too (its
+#           images with it: the pause image is imported again, and every archive in
+#           $D/images/*.tar, made with `ctr images export`, before kubelet starts; as a
+#           registry would serve them). Then containerd and kubelet start again, and it waits
+#           for the Node to be Ready. The control plane, kubelet's root dir, the node's
+#           /var/lib/cni and /var/lib/cni-ledger stay, as on a disk.
 #   down    stops every pod through the CRI, then each process it started (by PID,
 #           checked against the recorded start time), unmounts what is left under its
 #           dir, removes its cgroups (kubelet's cgroupRoot /cni-ledger-k8s, made by up in every
@@ -21,11 +46,11 @@
 #   env     prints `export KUBECONFIG=... PATH=...` for a shell (eval "$(cluster.sh env)").
 #
 # Settings (environment): CNI_LEDGER_K8S_DIR (default /var/lib/cni-ledger-k8s: certs,
-# configs, logs, etcd data, containerd root/state/socket, kubelet root, CNI conf dir),
+# configs, logs, etcd data, containerd root, kubelet root, the node's dirs),
 # CNI_LEDGER_K8S_CACHE (the binaries' cache, see scripts/build-k8s.sh),
 # CNI_LEDGER_K8S_NODE (the Node's name, default cni-ledger-k8s),
-# CNI_LEDGER_K8S_CNI_BIN (the CNI plugins' dir, default /usr/lib/cni: Debian's
-# containernetworking-plugins), CNI_LEDGER_K8S_TIMEOUT (seconds to wait for Ready, 240).
+# CNI_LEDGER_K8S_CNI_BIN (the plugins wrapped into the node's /opt/cni/bin, default
+# /usr/lib/cni: Debian's containernetworking-plugins), CNI_LEDGER_K8S_TIMEOUT (seconds to wait for Ready, 240).
 #
 # Machine facts it copes with: cgroups may be hybrid v1 (kubelet's failCgroupV1: false);
 # root may lack CAP_SYS_RESOURCE (containerd's restrict_oom_score_adj); no swap check
@@ -68,7 +93,13 @@ CTRD_BIN=$cache/containerd-v2.4.2/bin
 RUNC_BIN=$cache/runc-v1.5.2/bin
 CRICTL_BIN=$cache/crictl-v1.37.0/bin
 
-SOCK=$D/containerd/containerd.sock
+# The node's own dirs, bound over the standard paths in its mount namespace.
+N=$D/node
+NODE_DIRS="etc/cni/net.d opt/cni/bin var/lib/cni var/lib/cni-ledger run/netns run/containerd"
+NETWORK=cni-ledger-k8s
+# containerd's socket: NODE_SOCK in the node, SOCK (the same socket) from outside.
+NODE_SOCK=/run/containerd/containerd.sock
+SOCK=$N$NODE_SOCK
 
 say() { printf 'cluster: %s\n' "$*" >&2; }
 die() {
@@ -107,6 +138,43 @@ start() {
 	st=$(starttime "$pid") || die "$name exited at once: $(tail -n 20 "$D/log/$name.log")"
 	echo "$pid $st" >"$D/pid/$name"
 	say "$name started, pid $pid (log $D/log/$name.log)"
+}
+
+# node_pid: the node's PID 1 (as this PID namespace numbers it), when it runs.
+node_pid() {
+	running node || return 1
+	cut -d' ' -f1 "$D/pid/node"
+}
+
+# in_node NAME CMD...: as start, but CMD runs in the node's namespaces (nsenter). What is
+# recorded is CMD's own process (nsenter forks it and only waits for it): the first
+# descendant of the nsenter that is in the node's PID namespace.
+in_node() {
+	local name=$1 init ns pid= st i c todo next
+	shift
+	init=$(node_pid) || die "the node is not running"
+	ns=$(readlink "/proc/$init/ns/pid")
+	setsid nsenter -t "$init" -m -p -- "$@" >>"$D/log/$name.log" 2>&1 </dev/null &
+	for i in $(seq 1 200); do
+		todo=$!
+		while [ -n "$todo" ] && [ -z "$pid" ]; do
+			next=
+			for c in $todo; do
+				if [ "$(readlink "/proc/$c/ns/pid" 2>/dev/null)" = "$ns" ]; then
+					pid=$c
+					break
+				fi
+				next="$next $(cat /proc/$c/task/*/children 2>/dev/null)"
+			done
+			todo=$(echo $next)
+		done
+		[ -z "$pid" ] || break
+		sleep 0.05
+	done
+	[ -n "$pid" ] || die "$name did not start in the node: $(tail -n 20 "$D/log/$name.log")"
+	st=$(starttime "$pid") || die "$name exited at once: $(tail -n 20 "$D/log/$name.log")"
+	echo "$pid $st" >"$D/pid/$name"
+	say "$name started in the node, pid $pid (log $D/log/$name.log)"
 }
 
 # running NAME: true when the recorded process is still the one we started.
@@ -233,35 +301,147 @@ EOF
 	tar -C "$img" -cf "$img/pause.tar" manifest.json config.json layer.tar
 }
 
+# The node's PID 1: reaps whatever is orphaned to it (the shims are), and nothing else.
+# Stopped by SIGKILL from outside, which takes every process of the node with it.
+make_node_init() {
+	mkdir -p "$D/img"
+	cat >"$D/img/node-init.c" <<'EOF'
+#include <signal.h>
+#include <sys/wait.h>
+int main(void) {
+	sigset_t s;
+	int sig;
+	sigemptyset(&s);
+	sigaddset(&s, SIGCHLD);
+	sigprocmask(SIG_BLOCK, &s, 0);
+	for (;;) {
+		sigwait(&s, &sig);
+		while (waitpid(-1, 0, WNOHANG) > 0) {
+		}
+	}
+}
+EOF
+	gcc -static -Os -s -o "$D/img/node-init" "$D/img/node-init.c"
+}
+
+# The node's /opt/cni/bin: a logging wrapper of each plugin (see the header).
+write_plugins() {
+	local p name
+	mkdir -p "$N/opt/cni/bin"
+	for p in "$CNI_BIN"/*; do
+		[ -f "$p" ] && [ -x "$p" ] || continue
+		name=${p##*/}
+		cat >"$N/opt/cni/bin/$name" <<EOF
+#!/bin/sh
+printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "\$(date +%s.%N)" $name "\$CNI_COMMAND" "\$CNI_CONTAINERID" \
+	"\$CNI_NETNS" "\$CNI_IFNAME" "\$CNI_ARGS" >>$D/cni-calls.log
+exec $p "\$@"
+EOF
+		chmod 755 "$N/opt/cni/bin/$name"
+	done
+}
+
+# start_node: the node's mount and PID namespaces, its dirs bound at the standard paths,
+# held by node-init as PID 1 (recorded as "node").
+start_node() {
+	local d u pid= i
+	for d in $NODE_DIRS; do
+		mkdir -p "$N/$d"
+		# The mount point on the machine: these exist on most machines; an empty dir if not.
+		[ -d "/$d" ] || mkdir -p "/$d"
+	done
+	setsid unshare --mount --pid --fork --mount-proc --propagation private -- /bin/sh -ec '
+		n=$1
+		shift
+		for d in "$@"; do mount --bind "$n/$d" "/$d"; done
+		exec "$0"' "$D/img/node-init" "$N" $NODE_DIRS >>"$D/log/node.log" 2>&1 </dev/null &
+	u=$!
+	for i in $(seq 1 100); do
+		pid=$(echo $(cat /proc/$u/task/$u/children 2>/dev/null))
+		[ -n "$pid" ] && [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$D/img/node-init" ] && break
+		pid=
+		sleep 0.05
+	done
+	[ -n "$pid" ] || die "the node's namespaces did not start: $(tail -n 20 "$D/log/node.log")"
+	echo "$pid $(starttime "$pid")" >"$D/pid/node"
+	readlink "/proc/$pid/ns/pid" >"$D/node-pidns"
+	say "node namespaces up, PID 1 is $pid here"
+}
+
+# kill_node: SIGKILL to the node's PID 1, which kills every process of its PID namespace;
+# waits until none is left (the kernel reaps them asynchronously).
+kill_node() {
+	local ns f i left
+	[ -f "$D/node-pidns" ] || return 0
+	ns=$(cat "$D/node-pidns")
+	if running node; then
+		say "killing the node (PID 1: $(node_pid)) and every process in it"
+		kill -KILL "$(node_pid)" 2>/dev/null || true
+	fi
+	for i in $(seq 1 200); do
+		left=
+		for f in /proc/[0-9]*/ns/pid; do
+			[ "$(readlink "$f" 2>/dev/null)" = "$ns" ] && left=${f%/ns/pid} && break
+		done
+		[ -n "$left" ] || break
+		sleep 0.1
+	done
+	[ -z "$left" ] || say "a process is still in the node: ${left#/proc/}"
+	rm -f "$D/pid/node" "$D/pid/containerd" "$D/pid/kubelet"
+}
+
+# This network's nat rules (bridge's masquerade, portmap's DNAT, each commented with the
+# network's name) and the chains they jump to; nobody else's.
+wipe_nat() {
+	python3 - "$NETWORK" <<'EOF'
+import shlex, subprocess, sys
+tag = 'name: "%s"' % sys.argv[1]
+rules = subprocess.run(["iptables", "-w", "-t", "nat", "-S"], capture_output=True, text=True,
+                       check=True).stdout.splitlines()
+chains = []
+for r in rules:
+    a = shlex.split(r)
+    if not a or a[0] != "-A" or not any(tag in x for x in a):
+        continue
+    subprocess.run(["iptables", "-w", "-t", "nat", "-D"] + a[1:], check=False)
+    if "-j" in a:
+        t = a[a.index("-j") + 1]
+        if t.startswith("CNI-") and not t.startswith("CNI-HOSTPORT-") and t not in chains:
+            chains.append(t)
+for c in chains:
+    subprocess.run(["iptables", "-w", "-t", "nat", "-F", c], check=False)
+    subprocess.run(["iptables", "-w", "-t", "nat", "-X", c], check=False)
+EOF
+}
+
 # --- configs ---------------------------------------------------------------------------
 
 write_configs() {
-	mkdir -p "$D/containerd" "$D/cni/net.d" "$D/cni/networks" "$D/kubelet" "$D/manifests" \
-		"$D/pod-logs"
+	mkdir -p "$D/containerd" "$N/etc/cni/net.d" "$D/kubelet" "$D/manifests" "$D/pod-logs"
 	# NRI off: it would listen at the machine's /var/run/nri/nri.sock. The runc is ours
 	# (v1.5.2, what containerd 2.4.2 is tested with).
 	cat >"$D/containerd/config.toml" <<EOF
 version = 3
 root = "$D/containerd/root"
-state = "$D/containerd/state"
+state = "/run/containerd"
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
   "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.blockfile",
   "io.containerd.snapshotter.v1.erofs", "io.containerd.differ.v1.erofs",
   "io.containerd.internal.v1.opt", "io.containerd.tracing.processor.v1.otlp",
   "io.containerd.nri.v1.nri"]
 [grpc]
-  address = "$SOCK"
+  address = "$NODE_SOCK"
 [ttrpc]
-  address = "$SOCK.ttrpc"
+  address = "$NODE_SOCK.ttrpc"
 [debug]
-  address = "$D/containerd/debug.sock"
+  address = "/run/containerd/debug.sock"
 [plugins.'io.containerd.cri.v1.images'.pinned_images]
   sandbox = "$SANDBOX_IMAGE"
 [plugins.'io.containerd.cri.v1.runtime']
   restrict_oom_score_adj = true
   [plugins.'io.containerd.cri.v1.runtime'.cni]
-    bin_dirs = ["$CNI_BIN"]
-    conf_dir = "$D/cni/net.d"
+    bin_dirs = ["/opt/cni/bin"]
+    conf_dir = "/etc/cni/net.d"
   [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
     BinaryName = "$RUNC_BIN/runc"
     SystemdCgroup = false
@@ -269,13 +449,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
 EOF
-	cat >"$D/cni/net.d/10-pods.conflist" <<EOF
+	# host-local's addresses in its default dataDir, the node's /var/lib/cni/networks.
+	cat >"$N/etc/cni/net.d/10-pods.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
-  "name": "cni-ledger-k8s",
+  "name": "$NETWORK",
   "plugins": [
     { "type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": true,
-      "ipam": { "type": "host-local", "subnet": "$POD_SUBNET", "dataDir": "$D/cni/networks",
+      "ipam": { "type": "host-local", "subnet": "$POD_SUBNET",
                 "routes": [{ "dst": "0.0.0.0/0" }] } },
     { "type": "portmap", "capabilities": { "portMappings": true } }
   ]
@@ -294,8 +475,8 @@ authentication:
   webhook: {enabled: true}
   x509: {clientCAFile: $D/pki/ca.crt}
 authorization: {mode: Webhook}
-containerRuntimeEndpoint: unix://$SOCK
-imageServiceEndpoint: unix://$SOCK
+containerRuntimeEndpoint: unix://$NODE_SOCK
+imageServiceEndpoint: unix://$NODE_SOCK
 cgroupRoot: /$CGROUP_ROOT
 failCgroupV1: false
 failSwapOn: false
@@ -364,8 +545,9 @@ up() {
 		die "no CNI plugins in $CNI_BIN (apt-get install containernetworking-plugins)"
 	command -v gcc >/dev/null || die "gcc is needed for the pause image (apt-get install gcc libc6-dev)"
 	local t
-	for t in openssl curl ip iptables; do
-		command -v "$t" >/dev/null || die "$t is needed (apt-get install openssl curl iproute2 iptables)"
+	for t in openssl curl ip iptables python3 unshare nsenter; do
+		command -v "$t" >/dev/null ||
+			die "$t is needed (apt-get install openssl curl iproute2 iptables python3 util-linux)"
 	done
 
 	bash "$repo/scripts/build-k8s.sh"
@@ -374,7 +556,9 @@ up() {
 	say "certificates, configs, the pause image in $D"
 	make_pki
 	write_configs
+	write_plugins
 	make_pause_image
+	make_node_init
 	make_cgroups
 	# A veth pair, not a dummy link: the kernel may lack the dummy driver (containers).
 	ip link show "$NODE_LINK" >/dev/null 2>&1 ||
@@ -436,16 +620,31 @@ up() {
 		die "kube-scheduler not healthy: $(tail -n 30 "$D/log/kube-scheduler.log")"
 	say "kube-controller-manager and kube-scheduler healthy"
 
+	start_node
+	start_runtime
+}
+
+# start_runtime: containerd (and the pause image in it) and kubelet, in the node; waits
+# for the Node to be Ready.
+start_runtime() {
 	# containerd finds its shim on PATH; the shim runs the configured runc.
-	start containerd env PATH="$CTRD_BIN:$PATH" "$CTRD_BIN/containerd" \
+	in_node containerd env PATH="$CTRD_BIN:$PATH" "$CTRD_BIN/containerd" \
 		--config "$D/containerd/config.toml"
 	wait_for containerd 30 crictl info ||
 		die "containerd's CRI not answering: $(tail -n 30 "$D/log/containerd.log")"
 	ctr images import "$D/img/pause.tar" >/dev/null ||
 		die "ctr images import of the pause image failed"
 	say "containerd up, $SANDBOX_IMAGE imported"
+	# Images a user put in $D/images (archives of `ctr images export`), for a restart
+	# that lost containerd's root: kubelet finds them as if pulled again.
+	local f
+	for f in "$D"/images/*.tar; do
+		[ -f "$f" ] || continue
+		ctr images import "$f" >/dev/null || die "ctr images import $f failed"
+		say "imported $f"
+	done
 
-	start kubelet "$K8S_BIN/kubelet" --config "$D/kubelet/config.yaml" \
+	in_node kubelet "$K8S_BIN/kubelet" --config "$D/kubelet/config.yaml" \
 		--kubeconfig "$D/kubeconfig/kubelet.conf" --root-dir "$D/kubelet/root" \
 		--hostname-override "$NODE" --node-ip "$NODE_IP" --v 1
 	say "waiting up to ${TIMEOUT}s for node $NODE to be Ready"
@@ -455,6 +654,31 @@ up() {
 		die "node $NODE not Ready after ${TIMEOUT}s (logs in $D/log)"
 	fi
 	say "node $NODE Ready; export KUBECONFIG=$D/kubeconfig/admin.conf"
+}
+
+# --- restart ---------------------------------------------------------------------------
+
+restart() {
+	local lose=
+	case ${1:-} in
+	--lose-runtime-state) lose=1 ;;
+	"") ;;
+	*) die "usage: $0 restart [--lose-runtime-state]" ;;
+	esac
+	[ "$(id -u)" -eq 0 ] || die "must run as root"
+	running kube-apiserver && running node || die "no cluster up at $D"
+	local t0=$SECONDS
+	kill_node
+	say "rebooting the node: its /run, bridge $BRIDGE, nat rules of $NETWORK, cgroups${lose:+, containerd root dir}"
+	rm -rf --one-file-system "$N/run"
+	ip link del "$BRIDGE" 2>/dev/null || true
+	wipe_nat
+	remove_cgroups
+	[ -z "$lose" ] || rm -rf --one-file-system "$D/containerd/root"
+	make_cgroups
+	start_node
+	start_runtime
+	say "node restarted in $((SECONDS - t0)) s"
 }
 
 # --- down ------------------------------------------------------------------------------
@@ -470,19 +694,10 @@ down() {
 		crictl rmp --all --force >/dev/null 2>&1 || say "crictl rmp --all --force failed"
 	fi
 	stop containerd
-	# containerd's shims outlive it (their own session): those serving our socket.
-	local f pid args
-	for f in /proc/[0-9]*/cmdline; do
-		pid=${f#/proc/}
-		pid=${pid%/cmdline}
-		args=$({ tr '\0' ' ' <"$f"; } 2>/dev/null) || continue
-		case $args in
-		*containerd-shim-runc-v2*" -address $SOCK "* | *containerd-shim-runc-v2*" -address $SOCK")
-			say "killing leftover shim $pid"
-			kill -KILL "$pid" 2>/dev/null || true
-			;;
-		esac
-	done
+	# containerd's shims outlive it, and anything else left in the node: the node's PID 1
+	# takes them all with it.
+	kill_node
+	wipe_nat
 	stop kube-scheduler
 	stop kube-controller-manager
 	stop kube-apiserver
@@ -503,7 +718,7 @@ down() {
 
 status() {
 	local n
-	for n in etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet; do
+	for n in etcd kube-apiserver kube-controller-manager kube-scheduler node containerd kubelet; do
 		if running "$n"; then
 			echo "$n: running (pid $(cut -d' ' -f1 "$D/pid/$n"))"
 		else
@@ -517,7 +732,8 @@ status() {
 case ${1:-up} in
 up) up ;;
 down) down ;;
+restart) restart "${2:-}" ;;
 status) status ;;
 env) echo "export KUBECONFIG=$D/kubeconfig/admin.conf PATH=$K8S_BIN:$CRICTL_BIN:$CTRD_BIN:\$PATH" ;;
-*) die "usage: $0 [up|down|status|env]" ;;
+*) die "usage: $0 [up|down|restart [--lose-runtime-state]|status|env]" ;;
 esac
