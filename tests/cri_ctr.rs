@@ -30,75 +30,14 @@ use std::time::Duration;
 
 use agent_common::*;
 use common::*;
+use cri_common::node::*;
 use cri_common::*;
 use serde_json::{json, Value};
-
-/// The node's paths, fresh for the test: install.sh's and the manifest's defaults, which
-/// are also ctr's (`gocni`'s) CNI dirs and libcni's cache.
-const NODE_DIRS: [&str; 6] = [
-    "/etc/cni/net.d",
-    "/opt/cni/bin",
-    "/var/lib/cni",
-    "/var/lib/cni-ledger",
-    "/run/netns",
-    "/run/containerd",
-];
 
 /// ctr's namespace for its containers: its default, not CRI's `k8s.io`.
 const CTR_NAMESPACE: &str = "default";
 
-/// The gc unit's command line as install.sh renders it with its defaults.
-fn gc_unit_command() -> Vec<String> {
-    let install = fs::read_to_string(repo().join("install.sh")).unwrap();
-    let default = |name: &str| -> String {
-        let prefix = format!("{name}=");
-        install
-            .lines()
-            .find_map(|l| l.strip_prefix(&prefix))
-            .unwrap_or_else(|| panic!("install.sh sets no {name}"))
-            .to_string()
-    };
-    let unit = fs::read_to_string(repo().join("packaging/systemd/cni-ledger-gc.service")).unwrap();
-    let exec = unit
-        .lines()
-        .find_map(|l| l.strip_prefix("ExecStart="))
-        .expect("the gc unit has an ExecStart");
-    let binary = format!("{}/cni-ledger", default("DEFAULT_BIN_DIR"));
-    exec.split_whitespace()
-        .map(|w| {
-            w.replace("@BINARY@", &binary)
-                .replace("@LEDGER_DIR@", &default("DEFAULT_LEDGER_DIR"))
-                .replace("@CONF_DIR@", &default("DEFAULT_CONF_DIR"))
-        })
-        .collect()
-}
-
-/// The node: its mount namespace and network namespace, where the node's tools run.
-struct Node {
-    mounts: PrivateRun,
-    net: Netns,
-}
-
 impl Node {
-    fn cmd(&self, argv: &[String]) -> Command {
-        let mut c = Command::new("nsenter");
-        c.arg(format!("--mount={}", self.mounts.mnt()))
-            .arg(format!("--net={}", self.net.path_str()))
-            .arg("--")
-            .args(argv);
-        c
-    }
-
-    /// The gc unit's run, plus `extra`: its exit code and JSON report.
-    fn gc(&self, extra: &[&str]) -> (i32, Value, Output) {
-        let mut argv = gc_unit_command();
-        argv.extend(extra.iter().map(|s| s.to_string()));
-        let out = self.cmd(&argv).output().unwrap();
-        let v = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("gc printed no JSON ({e}): {}", describe(&out)));
-        (out.status.code().unwrap_or(-1), v, out)
-    }
-
     /// `ctr` of `version` on the node, at containerd's default socket, in ctr's namespace.
     fn ctr(&self, version: ContainerdVersion, args: &[&str]) -> Output {
         self.ctr_in(version, CTR_NAMESPACE, args)
@@ -118,39 +57,6 @@ impl Node {
         argv.extend(args.iter().map(|s| s.to_string()));
         self.cmd(&argv).output().unwrap()
     }
-
-    fn record(&self, network: &str, id: &str) -> Option<Value> {
-        let path = self
-            .mounts
-            .reach("/var/lib/cni-ledger/records")
-            .join(format!("{network}:{id}:eth0.json"));
-        let doc: Value = serde_json::from_slice(&fs::read(path).ok()?).ok()?;
-        Some(doc["record"].clone())
-    }
-
-    /// The address host-local holds for an attachment: its file in the node's IPAM dir.
-    fn address(&self, network: &str, id: &str) -> Option<String> {
-        fs::read_dir(self.mounts.reach("/var/lib/cni/networks").join(network))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .find(|e| {
-                e.file_name().to_string_lossy().contains('.')
-                    && fs::read_to_string(e.path()).is_ok_and(|s| s.lines().next() == Some(id))
-            })
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-    }
-}
-
-/// The IPv4 address on eth0 in the network namespace of `pid`, seen from inside.
-fn eth0_of(pid: u32) -> Option<String> {
-    let out = Command::new("nsenter")
-        .arg(format!("--net=/proc/{pid}/ns/net"))
-        .args(["ip", "-j", "-4", "addr", "show", "dev", "eth0"])
-        .output()
-        .unwrap();
-    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
-    v[0]["addr_info"][0]["local"].as_str().map(str::to_string)
 }
 
 /// The PID of a ctr task, as `ctr tasks ls` shows it.

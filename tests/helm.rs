@@ -20,6 +20,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use common::manifests::*;
 use common::*;
 use serde_json::Value;
 
@@ -30,15 +31,6 @@ const NAMESPACE: &str = "kube-system";
 
 fn chart_dir() -> PathBuf {
     repo().join("deploy/helm/cni-ledger")
-}
-
-fn kubernetes_dir() -> PathBuf {
-    repo().join("deploy/kubernetes")
-}
-
-fn ok(out: Output, what: &str) -> Output {
-    assert!(out.status.success(), "{what}: {}", describe(&out));
-    out
 }
 
 /// Where scripts/build-helm.sh puts helm (it builds nothing when asked `--path`).
@@ -122,68 +114,6 @@ fn values_file(platform: &str) -> String {
         .to_string()
 }
 
-/// `kustomize build DIR` (DIR under deploy/kubernetes), as YAML text.
-fn kustomize_build(dir: &str) -> String {
-    let kustomize = tool(
-        "target/kustomize/usr/bin/kustomize",
-        "it unpacks Debian unstable's kustomize there with scripts/fetch-unstable.sh",
-    );
-    let out = ok(
-        Command::new(kustomize)
-            .arg("build")
-            .arg(kubernetes_dir().join(dir))
-            .output()
-            .unwrap(),
-        &format!("kustomize build {dir}"),
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// `kubernetes-validate --strict` over YAML text; `what` names it in the failure.
-fn validate(yaml: &str, what: &str) {
-    let tmp = TempDir::new("helm");
-    let file = tmp.path().join("manifest.yaml");
-    fs::write(&file, yaml).unwrap();
-    let out = ok(
-        Command::new(venv_bin("kubernetes-validate"))
-            .arg("--strict")
-            .arg(&file)
-            .output()
-            .unwrap(),
-        &format!("kubernetes-validate --strict of {what}"),
-    );
-    // It exits 0 over a file without any resource: make sure it judged the DaemonSet.
-    let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
-    assert!(
-        said.contains("daemonset/cni-ledger"),
-        "kubernetes-validate of {what} did not validate the DaemonSet: {said}"
-    );
-}
-
-/// The documents of a YAML file, as JSON (PyYAML's reading, as tests/manifest.rs).
-fn documents_of(file: &Path) -> Vec<Value> {
-    let out = ok(
-        Command::new(venv_bin("python3"))
-            .args([
-                "-c",
-                "import json, sys, yaml; print(json.dumps([d for d in yaml.safe_load_all(open(sys.argv[1])) if d]))",
-            ])
-            .arg(file)
-            .output()
-            .unwrap(),
-        "reading YAML",
-    );
-    let docs: Value = serde_json::from_slice(&out.stdout).unwrap();
-    docs.as_array().unwrap().clone()
-}
-
-fn documents(yaml: &str) -> Vec<Value> {
-    let tmp = TempDir::new("helm");
-    let file = tmp.path().join("manifest.yaml");
-    fs::write(&file, yaml).unwrap();
-    documents_of(&file)
-}
-
 /// The objects of a YAML stream in a fixed order (kind, namespace, name), so that two
 /// renderings compare as sets of objects, whatever order each tool writes them in.
 fn objects(yaml: &str) -> Vec<Value> {
@@ -227,26 +157,6 @@ fn assert_same_objects(helm: &[Value], kustomize: &[Value], what: &str) {
             serde_json::to_string_pretty(k).unwrap()
         );
     }
-}
-
-fn daemonset(docs: &[Value]) -> Value {
-    let mut found = docs.iter().filter(|d| d["kind"] == "DaemonSet");
-    let ds = found.next().expect("a DaemonSet").clone();
-    assert!(found.next().is_none(), "one DaemonSet, not more");
-    ds
-}
-
-fn agent(ds: &Value) -> &Value {
-    &ds["spec"]["template"]["spec"]["containers"][0]
-}
-
-fn args(ds: &Value) -> Vec<String> {
-    agent(ds)["args"]
-        .as_array()
-        .expect("args, a list")
-        .iter()
-        .map(|a| a.as_str().expect("args are strings").to_string())
-        .collect()
 }
 
 /// The platforms: every overlay dir of deploy/kubernetes/overlays, sorted.

@@ -22,6 +22,7 @@
 
 pub mod containerd;
 pub mod inproc;
+pub mod manifests;
 pub mod netns;
 pub mod records;
 pub mod root;

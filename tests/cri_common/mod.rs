@@ -20,6 +20,8 @@ use serde_json::json;
 
 pub use crate::common::ContainerdVersion;
 
+pub mod node;
+
 pub const SANDBOX_IMAGE: &str = "registry.invalid/cni-ledger-test/pause:1";
 const RUN: &str = "/runtime.v1.RuntimeService/RunPodSandbox";
 const STOP: &str = "/runtime.v1.RuntimeService/StopPodSandbox";
