@@ -313,6 +313,15 @@ fn keeps_a_container_cri_does_not_list(version: ContainerdVersion, network: &str
 
     // Its task gone, ctrbox's namespace goes with it: the next gc releases it.
     kill_and_wait(box_pid);
+    // Its teardown may still hold the namespace a moment (ctr's or containerd's DEL in
+    // flight has it open): held, it is live, as it must be. Once nothing does, gc sees it
+    // gone.
+    let mut last = Value::Null;
+    wait_for(Duration::from_secs(30), || {
+        last = node.gc(&["--grace", "0", "--json", "--dry-run"]).1;
+        last["summary"]["wouldReplay"] == json!(1)
+    })
+    .unwrap_or_else(|| panic!("ctrbox's namespace still held 30 s after its task died: {last:#}"));
     let (code, rep, out) = node.gc(&["--grace", "0", "--json"]);
     assert_eq!(code, 0, "{rep:#}\n{}", describe(&out));
     assert_eq!(rep["summary"]["replayed"], json!(1), "{rep:#}");
