@@ -3,6 +3,20 @@
 
 use super::*;
 
+/// Waits, up to 3 s, while the kernel still reopens the namespace `id` after its last
+/// holder let go: its teardown takes a few ms more (longer under load), and until then
+/// the kernel rightly calls it held, so gc keeps its record for one more run. Tests that
+/// expect a deleted namespace to be gone now wait that out; a namespace something still
+/// holds costs the 3 s.
+pub fn settle(id: Option<cni_ledger::sandbox::NsId>) {
+    let Some(id) = id else { return };
+    let node = cni_ledger::sandbox::holders::NodeIndex::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while node.find(&id).is_some() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// A named network namespace (`ip netns add`), deleted on drop if still present.
 pub struct Netns {
     name: String,
@@ -48,11 +62,22 @@ impl Netns {
         format!("/run/netns/{}", self.name)
     }
 
-    /// Deletes the namespace now (as a reboot or a runtime losing it would).
+    /// Deletes the namespace now (as a reboot or a runtime losing it would), and waits
+    /// out the kernel's teardown of it when nothing else holds it.
     pub fn delete(&mut self) {
         if !self.deleted {
+            let id = self.ns_id();
             run_ok(Command::new("ip").args(["netns", "del", &self.name]));
             self.deleted = true;
+            settle(id);
+        }
+    }
+
+    /// The namespace's identity as the ledger records it, while its path shows it.
+    fn ns_id(&self) -> Option<cni_ledger::sandbox::NsId> {
+        match cni_ledger::sandbox::probe(&self.path_str()) {
+            cni_ledger::sandbox::Probe::Namespace(id) => Some(id),
+            _ => None,
         }
     }
 
@@ -60,11 +85,13 @@ impl Netns {
     /// The old namespace is kept alive (an open fd) until the new one exists, so the
     /// kernel cannot hand the new namespace the freed inode number of the old one.
     pub fn replace(&mut self) {
+        let id = self.ns_id();
         let old = fs::File::open(self.path()).expect("open old netns");
         run_ok(Command::new("ip").args(["netns", "del", &self.name]));
         Self::create(&self.name);
         self.deleted = false;
         drop(old);
+        settle(id);
     }
 
     /// (st_dev, st_ino) of the nsfs file, as the ledger records it.
