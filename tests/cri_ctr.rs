@@ -61,15 +61,7 @@ impl Node {
 
 /// The PID of a ctr task, as `ctr tasks ls` shows it.
 fn ctr_task_pid(node: &Node, version: ContainerdVersion, id: &str) -> u32 {
-    let out = node.ctr(version, &["tasks", "ls"]);
-    assert!(out.status.success(), "{}", describe(&out));
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.first() == Some(&id)).then(|| f.get(1)?.parse().ok())?
-        })
-        .unwrap_or_else(|| panic!("no task {id}: {}", describe(&out)))
+    task_pid_in(&node.ctr(version, &["tasks", "ls"]), id)
 }
 
 /// SIGKILL to `pid`, and its exit, which takes its network namespace along.

@@ -622,15 +622,7 @@ impl Containerd {
 
     /// The PID of the sandbox's task (its pause process), as `ctr tasks ls` shows it.
     pub fn task_pid(&self, id: &str) -> u32 {
-        let out = self.ctr(&["tasks", "ls"]);
-        assert!(out.status.success(), "{}", describe(&out));
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .find_map(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                (f.first() == Some(&id)).then(|| f.get(1)?.parse().ok())?
-            })
-            .unwrap_or_else(|| panic!("no task {id}: {}", describe(&out)))
+        task_pid_in(&self.ctr(&["tasks", "ls"]), id)
     }
 
     /// Killed as a crash kills it: its socket stays, and nothing answers there.
@@ -790,4 +782,16 @@ pub fn daemonset() -> serde_json::Value {
         .find(|d| d["kind"] == "DaemonSet")
         .expect("a DaemonSet in the manifest")
         .clone()
+}
+
+/// The PID of task `id` in the output of `ctr tasks ls`.
+pub fn task_pid_in(out: &std::process::Output, id: &str) -> u32 {
+    assert!(out.status.success(), "{}", describe(out));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.first() == Some(&id)).then(|| f.get(1)?.parse().ok())?
+        })
+        .unwrap_or_else(|| panic!("no task {id}: {}", describe(out)))
 }
