@@ -38,7 +38,7 @@ command -v cargo >/dev/null 2>&1 || die "cargo not found; install Rust >= 1.89 (
 # (tests/vm_reboot.rs) builds a Debian guest once and boots it; systemd: its
 # systemd-analyze verify of the units.
 packages=(containernetworking-plugins golang-go golang-github-appc-cni-dev iptables nftables iproute2 hyperfine openssl pkg-config libseccomp-dev
-	python3 util-linux containerd gcc libc6-dev strace debootstrap podman curl prometheus python3-venv
+	python3 util-linux containerd conmon gcc make libc6-dev strace debootstrap podman curl prometheus python3-venv
 	qemu-system-x86 qemu-utils e2fsprogs systemd)
 missing=()
 for p in "${packages[@]}"; do
@@ -97,6 +97,13 @@ bash scripts/fetch-unstable.sh containerd target/containerd-2
 # tree; a no-op once built).
 say "helm v4 (scripts/build-helm.sh)"
 bash scripts/build-helm.sh >/dev/null
+# whereabouts v0.9.2 for tests/whereabouts.rs: /var/cache/cni-ledger-whereabouts/ (a no-op once built).
+bash scripts/build-whereabouts.sh >/dev/null
+
+# CRI-O v1.36 for tests/crio.rs (with Debian's conmon and runc): crio and pinns built from
+# the cri-o module into /var/cache/cni-ledger-crio/ (outside the tree; a no-op once built).
+say "CRI-O (scripts/build-crio.sh)"
+bash scripts/build-crio.sh >/dev/null
 
 # A one-node Kubernetes for tests/k8s_node.rs (tests/k8s/cluster.sh): kubelet, the control
 # plane, etcd, containerd 2.4, runc and crictl from their Go modules (Go >= 1.26.6) into

@@ -42,6 +42,10 @@
 #           checked against the recorded start time), unmounts what is left under its
 #           dir, removes its cgroups (kubelet's cgroupRoot /cni-ledger-k8s, made by up in every
 #           hierarchy), its links, the /var/log/containers links into it, and its dir.
+#   load-image TAR FROM NAME
+#           an archive of `podman save` into the node's runtime (containerd: ctr import;
+#           CRI-O: podman load into its storage), its image FROM tagged NAME, and kept in
+#           $D/images for `restart` to load again.
 #   status  which of its processes run, and the Node's Ready condition.
 #   env     prints `export KUBECONFIG=... PATH=...` for a shell (eval "$(cluster.sh env)").
 #
@@ -51,6 +55,14 @@
 # CNI_LEDGER_K8S_NODE (the Node's name, default cni-ledger-k8s),
 # CNI_LEDGER_K8S_CNI_BIN (the plugins wrapped into the node's /opt/cni/bin, default
 # /usr/lib/cni: Debian's containernetworking-plugins), CNI_LEDGER_K8S_TIMEOUT (seconds to wait for Ready, 240).
+# CNI_LEDGER_K8S_IPAM=whereabouts: the pods' addresses from whereabouts (scripts/build-whereabouts.sh
+# builds it) over the same range instead of host-local, its leases in IPPools of the API server:
+# `up` applies the CRDs the build copies once the API server is ready, wraps the plugin into
+# the node's /opt/cni/bin as the others, and writes the node's /etc/cni/net.d/whereabouts.d/
+# as whereabouts' installer does (whereabouts.conf naming whereabouts.kubeconfig, a copy of
+# the admin kubeconfig; the plugin logs to $D/log/whereabouts.log).
+# CNI_LEDGER_K8S_RUNTIME=crio: the node runs CRI-O (scripts/build-crio.sh) instead of
+# containerd, at /run/crio/crio.sock: tests/k8s/crio.sh, which this sources, says how.
 #
 # Machine facts it copes with: cgroups may be hybrid v1 (kubelet's failCgroupV1: false);
 # root may lack CAP_SYS_RESOURCE (containerd's restrict_oom_score_adj); no swap check
@@ -64,6 +76,9 @@ repo=$(cd "$here/../.." && pwd)
 D=${CNI_LEDGER_K8S_DIR:-/var/lib/cni-ledger-k8s}
 NODE=${CNI_LEDGER_K8S_NODE:-cni-ledger-k8s}
 CNI_BIN=${CNI_LEDGER_K8S_CNI_BIN:-/usr/lib/cni}
+IPAM=${CNI_LEDGER_K8S_IPAM:-host-local}
+case $IPAM in host-local | whereabouts) ;; *) echo "cluster: CNI_LEDGER_K8S_IPAM is host-local or whereabouts, not '$IPAM'" >&2 && exit 1 ;; esac
+WB=
 TIMEOUT=${CNI_LEDGER_K8S_TIMEOUT:-240}
 cache=${CNI_LEDGER_K8S_CACHE:-/var/cache/cni-ledger-k8s}
 export CNI_LEDGER_K8S_CACHE=$cache
@@ -100,6 +115,9 @@ NETWORK=cni-ledger-k8s
 # containerd's socket: NODE_SOCK in the node, SOCK (the same socket) from outside.
 NODE_SOCK=/run/containerd/containerd.sock
 SOCK=$N$NODE_SOCK
+# Unset, the runtime the cluster at $D was made with: `restart` and `down` need no setting.
+RUNTIME=${CNI_LEDGER_K8S_RUNTIME:-$(cat "$D/runtime" 2>/dev/null || echo containerd)}
+case $RUNTIME in containerd) ;; crio) . "$here/crio.sh" ;; *) echo "cluster: CNI_LEDGER_K8S_RUNTIME is containerd or crio, not '$RUNTIME'" >&2 && exit 1 ;; esac
 
 say() { printf 'cluster: %s\n' "$*" >&2; }
 die() {
@@ -328,7 +346,7 @@ EOF
 write_plugins() {
 	local p name
 	mkdir -p "$N/opt/cni/bin"
-	for p in "$CNI_BIN"/*; do
+	for p in "$CNI_BIN"/* ${WB:+"$WB/bin/whereabouts"}; do
 		[ -f "$p" ] && [ -x "$p" ] || continue
 		name=${p##*/}
 		cat >"$N/opt/cni/bin/$name" <<EOF
@@ -387,7 +405,7 @@ kill_node() {
 		sleep 0.1
 	done
 	[ -z "$left" ] || say "a process is still in the node: ${left#/proc/}"
-	rm -f "$D/pid/node" "$D/pid/containerd" "$D/pid/kubelet"
+	rm -f "$D/pid/node" "$D/pid/$RUNTIME" "$D/pid/kubelet"
 }
 
 # This network's nat rules (bridge's masquerade, portmap's DNAT, each commented with the
@@ -449,14 +467,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
 EOF
-	# host-local's addresses in its default dataDir, the node's /var/lib/cni/networks.
+	# host-local's addresses in its default dataDir, the node's /var/lib/cni/networks;
+	# whereabouts' in the API server, the bridge's gateway address kept out of its range.
+	local ipam="\"type\": \"host-local\", \"subnet\": \"$POD_SUBNET\""
+	[ "$IPAM" != whereabouts ] || ipam="\"type\": \"whereabouts\", \"range\": \"$POD_SUBNET\",
+                \"gateway\": \"${POD_SUBNET%.*}.1\", \"exclude\": [\"${POD_SUBNET%.*}.1/32\"]"
 	cat >"$N/etc/cni/net.d/10-pods.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
   "name": "$NETWORK",
   "plugins": [
     { "type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": true,
-      "ipam": { "type": "host-local", "subnet": "$POD_SUBNET",
+      "ipam": { $ipam,
                 "routes": [{ "dst": "0.0.0.0/0" }] } },
     { "type": "portmap", "capabilities": { "portMappings": true } }
   ]
@@ -498,6 +520,15 @@ EOF
 	kubeconfig controller-manager controller-manager
 	kubeconfig scheduler scheduler
 	kubeconfig kubelet kubelet
+	if [ "$IPAM" = whereabouts ]; then
+		mkdir -p "$N/etc/cni/net.d/whereabouts.d"
+		install -m 600 "$D/kubeconfig/admin.conf" "$N/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig"
+		cat >"$N/etc/cni/net.d/whereabouts.d/whereabouts.conf" <<EOF
+{ "datastore": "kubernetes",
+  "kubernetes": { "kubeconfig": "/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig" },
+  "log_file": "$D/log/whereabouts.log", "log_level": "debug" }
+EOF
+	fi
 }
 
 # kubelet's cgroup root, made in each hierarchy (kubelet refuses a missing one). A v1
@@ -551,11 +582,14 @@ up() {
 	done
 
 	bash "$repo/scripts/build-k8s.sh"
+	[ "$IPAM" != whereabouts ] || WB=$(bash "$repo/scripts/build-whereabouts.sh")
 
 	mkdir -p "$D/log" "$D/pid"
+	echo "$RUNTIME" >"$D/runtime"
 	say "certificates, configs, the pause image in $D"
 	make_pki
 	write_configs
+	[ "$RUNTIME" = containerd ] || crio_write_config
 	write_plugins
 	make_pause_image
 	make_node_init
@@ -598,6 +632,12 @@ up() {
 	wait_for kube-apiserver 90 kubectl get --raw /readyz ||
 		die "kube-apiserver not ready: $(tail -n 30 "$D/log/kube-apiserver.log")"
 	say "kube-apiserver ready"
+	if [ -n "$WB" ]; then
+		kubectl apply -f "$WB/crds" >/dev/null || die "kubectl apply of whereabouts' CRDs failed"
+		kubectl wait --for condition=established --timeout=60s -f "$WB/crds" >/dev/null ||
+			die "whereabouts' CRDs not established"
+		say "whereabouts' CRDs applied ($WB/crds)"
+	fi
 
 	start kube-controller-manager "$K8S_BIN/kube-controller-manager" \
 		--kubeconfig "$D/kubeconfig/controller-manager.conf" \
@@ -624,9 +664,14 @@ up() {
 	start_runtime
 }
 
-# start_runtime: containerd (and the pause image in it) and kubelet, in the node; waits
+# start_runtime: the runtime (and the pause image in it) and kubelet, in the node; waits
 # for the Node to be Ready.
 start_runtime() {
+	if [ "$RUNTIME" = crio ]; then crio_start; else start_containerd; fi
+	start_kubelet
+}
+
+start_containerd() {
 	# containerd finds its shim on PATH; the shim runs the configured runc.
 	in_node containerd env PATH="$CTRD_BIN:$PATH" "$CTRD_BIN/containerd" \
 		--config "$D/containerd/config.toml"
@@ -643,7 +688,9 @@ start_runtime() {
 		ctr images import "$f" >/dev/null || die "ctr images import $f failed"
 		say "imported $f"
 	done
+}
 
+start_kubelet() {
 	in_node kubelet "$K8S_BIN/kubelet" --config "$D/kubelet/config.yaml" \
 		--kubeconfig "$D/kubeconfig/kubelet.conf" --root-dir "$D/kubelet/root" \
 		--hostname-override "$NODE" --node-ip "$NODE_IP" --v 1
@@ -673,8 +720,9 @@ restart() {
 	rm -rf --one-file-system "$N/run"
 	ip link del "$BRIDGE" 2>/dev/null || true
 	wipe_nat
+	[ "$RUNTIME" = containerd ] || crio_wipe_hostports
 	remove_cgroups
-	[ -z "$lose" ] || rm -rf --one-file-system "$D/containerd/root"
+	[ -z "$lose" ] || rm -rf --one-file-system "$D/containerd/root" "$D/crio/root"
 	make_cgroups
 	start_node
 	start_runtime
@@ -689,15 +737,16 @@ down() {
 		return 0
 	}
 	stop kubelet
-	# Every pod through the CRI while containerd runs, so the CNI DELs happen.
-	if running containerd; then
+	# Every pod through the CRI while the runtime runs, so the CNI DELs happen.
+	if running "$RUNTIME"; then
 		crictl rmp --all --force >/dev/null 2>&1 || say "crictl rmp --all --force failed"
 	fi
-	stop containerd
+	stop "$RUNTIME"
 	# containerd's shims outlive it, and anything else left in the node: the node's PID 1
 	# takes them all with it.
 	kill_node
 	wipe_nat
+	[ "$RUNTIME" = containerd ] || crio_wipe_hostports
 	stop kube-scheduler
 	stop kube-controller-manager
 	stop kube-apiserver
@@ -718,7 +767,7 @@ down() {
 
 status() {
 	local n
-	for n in etcd kube-apiserver kube-controller-manager kube-scheduler node containerd kubelet; do
+	for n in etcd kube-apiserver kube-controller-manager kube-scheduler node "$RUNTIME" kubelet; do
 		if running "$n"; then
 			echo "$n: running (pid $(cut -d' ' -f1 "$D/pid/$n"))"
 		else
@@ -729,11 +778,32 @@ status() {
 		echo "node $NODE: API not reachable"
 }
 
+# load_image TAR FROM NAME: an image archive (podman save) into the node's runtime, where
+# its image FROM is tagged NAME, and kept as $D/images/<NAME>.tar, with NAME in it, for
+# `restart` to load again (as a registry would serve it again).
+load_image() {
+	local tar=$1 from=$2 name=$3 keep
+	[ -n "$name" ] || die "usage: $0 load-image TAR FROM NAME"
+	running node || die "the node is not running"
+	mkdir -p "$D/images"
+	keep=$D/images/$(printf '%s' "$name" | tr '/:' '__').tar
+	if [ "$RUNTIME" = crio ]; then
+		crio_load "$tar" || die "podman load $tar into CRI-O's storage failed"
+		crio_podman tag "$from" "$name" && rm -f "$keep" &&
+			crio_podman save -o "$keep" "$name" >/dev/null || die "podman tag/save of $name failed"
+	else
+		ctr images import "$tar" >/dev/null && ctr images tag --force "$from" "$name" >/dev/null &&
+			ctr images export "$keep" "$name" || die "ctr import/tag/export of $name failed"
+	fi
+	say "$name loaded into $RUNTIME (kept as $keep)"
+}
+
 case ${1:-up} in
 up) up ;;
+load-image) load_image "${2:-}" "${3:-}" "${4:-}" ;;
 down) down ;;
 restart) restart "${2:-}" ;;
 status) status ;;
 env) echo "export KUBECONFIG=$D/kubeconfig/admin.conf PATH=$K8S_BIN:$CRICTL_BIN:$CTRD_BIN:\$PATH" ;;
-*) die "usage: $0 [up|down|restart [--lose-runtime-state]|status|env]" ;;
+*) die "usage: $0 [up|down|restart [--lose-runtime-state]|load-image TAR FROM NAME|status|env]" ;;
 esac

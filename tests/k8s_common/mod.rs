@@ -51,17 +51,30 @@ pub fn ok(out: Output, what: &str) -> String {
 }
 
 pub fn cluster_sh(args: &[&str]) -> Output {
+    cluster_sh_env(args, &[])
+}
+
+fn cluster_sh_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new("bash")
         .arg(repo().join("tests/k8s/cluster.sh"))
         .args(args)
         .env("CNI_LEDGER_K8S_DIR", D)
+        .envs(env.iter().copied())
         .output()
         .unwrap()
+}
+
+/// The node's runtime (cluster.sh's CNI_LEDGER_K8S_RUNTIME).
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub enum Runtime {
+    Containerd,
+    Crio,
 }
 
 /// The cluster, up; down when dropped (at the end, or on a panic).
 pub struct Cluster {
     pub kubeconfig: String,
+    pub runtime: Runtime,
     bins: Vec<PathBuf>,
     started: Instant,
     // Last: released after the Drop took the cluster down.
@@ -70,6 +83,15 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn up() -> Cluster {
+        Cluster::up_on(Runtime::Containerd)
+    }
+
+    pub fn up_on(runtime: Runtime) -> Cluster {
+        Cluster::up_with(runtime, &[])
+    }
+
+    /// Up with cluster.sh settings of `env` too (CNI_LEDGER_K8S_IPAM, ...).
+    pub fn up_with(runtime: Runtime, env: &[(&str, &str)]) -> Cluster {
         let _ = fs::create_dir_all("/run/lock");
         let lock = fs::OpenOptions::new()
             .create(true)
@@ -89,7 +111,13 @@ impl Cluster {
         // What an interrupted run left.
         let _ = cluster_sh(&["down"]);
         let t = Instant::now();
-        let out = cluster_sh(&["up"]);
+        let name = match runtime {
+            Runtime::Containerd => "containerd",
+            Runtime::Crio => "crio",
+        };
+        let mut env = env.to_vec();
+        env.push(("CNI_LEDGER_K8S_RUNTIME", name));
+        let out = cluster_sh_env(&["up"], &env);
         let guard_less = !out.status.success();
         let env = ok(cluster_sh(&["env"]), "cluster.sh env");
         // "export KUBECONFIG=... PATH=a:b:c:$PATH"
@@ -108,6 +136,7 @@ impl Cluster {
         }
         let c = Cluster {
             kubeconfig,
+            runtime,
             bins,
             started: Instant::now(),
             _machine: machine,
@@ -150,8 +179,12 @@ impl Cluster {
         serde_json::from_str(&self.kubectl(&a)).unwrap()
     }
 
+    /// The runtime's CRI socket, seen from the machine.
     pub fn sock(&self) -> PathBuf {
-        node("/run/containerd/containerd.sock")
+        match self.runtime {
+            Runtime::Containerd => node("/run/containerd/containerd.sock"),
+            Runtime::Crio => node("/run/crio/crio.sock"),
+        }
     }
 
     pub fn ctr(&self, args: &[&str]) -> String {
@@ -250,10 +283,10 @@ pub fn wait_until(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
 
 /// The image as scripts/build-image.sh builds it, under a tag of the test's own (the
 /// machine's podman store keeps its `localhost/cni-ledger:<version>`), saved and loaded
-/// into the node's containerd under the manifest's image name, as on a node without a
-/// registry. PROFILE=dev unless CL_K8S_IMAGE_PROFILE says otherwise (release: as a user
+/// into the node's runtime (of the cluster `_up`, which must be up) under the manifest's
+/// image name, as on a node without a registry. PROFILE=dev unless CL_K8S_IMAGE_PROFILE says otherwise (release: as a user
 /// builds it, much slower to build); neither has the `testing` feature.
-pub fn load_agent_image(c: &Cluster, manifest_image: &str) {
+pub fn load_agent_image(_up: &Cluster, manifest_image: &str) {
     let tag = format!("localhost/cni-ledger:k8s-test-{}", std::process::id());
     let profile = image_profile();
     let t = Instant::now();
@@ -268,7 +301,7 @@ pub fn load_agent_image(c: &Cluster, manifest_image: &str) {
         "k8s: image built ({profile}) in {:.1} s",
         t.elapsed().as_secs_f64()
     );
-    import_image(c, &tag, manifest_image);
+    import_image(&tag, manifest_image);
 }
 
 fn image_profile() -> String {
@@ -299,7 +332,7 @@ fn image_binary() -> PathBuf {
 /// other bytes, as a new build's, that runs the same code (tests/upgrade.rs upgrades
 /// across builds of other code); built from the Containerfile as scripts/build-image.sh
 /// builds it. Call load_agent_image first.
-pub fn load_upgrade_image(c: &Cluster, image: &str) {
+pub fn load_upgrade_image(_up: &Cluster, image: &str) {
     let tmp = TempDir::new("k8s-upgrade-image");
     let note = tmp.path().join("note");
     fs::write(&note, image).unwrap();
@@ -327,13 +360,12 @@ pub fn load_upgrade_image(c: &Cluster, image: &str) {
             .unwrap(),
         "podman build (the upgrade's image)",
     );
-    import_image(c, &tag, image);
+    import_image(&tag, image);
 }
 
-/// Moves podman's `tag` into the node's containerd as `image`, and keeps an export of it
-/// for `cluster.sh restart --lose-runtime-state` to import again (as a registry would
-/// serve it again).
-fn import_image(c: &Cluster, tag: &str, image: &str) {
+/// Moves podman's `tag` into the node's runtime as `image` (cluster.sh load-image, which
+/// keeps it for `cluster.sh restart` to load again, as a registry would serve it again).
+fn import_image(tag: &str, image: &str) {
     let tmp = TempDir::new("k8s-image");
     let tar = tmp.path().join("agent.tar");
     ok(
@@ -346,17 +378,10 @@ fn import_image(c: &Cluster, tag: &str, image: &str) {
         "podman save",
     );
     let _ = Command::new("podman").args(["rmi", tag]).output();
-    c.ctr(&["images", "import", tar.to_str().unwrap()]);
-    c.ctr(&["images", "tag", "--force", tag, image]);
-    let images = Path::new(D).join("images");
-    fs::create_dir_all(&images).unwrap();
-    let file = format!("{}.tar", image.replace(['/', ':'], "_"));
-    c.ctr(&[
-        "images",
-        "export",
-        images.join(file).to_str().unwrap(),
-        image,
-    ]);
+    ok(
+        cluster_sh(&["load-image", tar.to_str().unwrap(), tag, image]),
+        "cluster.sh load-image",
+    );
 }
 
 /// The node's conflist, as JSON, and its plugins' types.
