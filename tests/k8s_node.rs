@@ -33,7 +33,7 @@
 mod common;
 mod k8s_common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -529,5 +529,81 @@ fn installed_with_helm_the_agent_upgrades_under_churn_and_uninstalls_as_with_kus
         "the chain after --uninstall"
     );
     assert_eq!(attached(&c, 4), ids, "the pods after helm uninstall");
+    assert_no_del_of_live(&c);
+}
+
+/// Issue 39 item 3, kubelet on CRI-O (v1.36 from its module; cluster.sh's
+/// CNI_LEDGER_K8S_RUNTIME=crio): the DaemonSet as shipped finds CRI-O's socket and keeps the
+/// ledger first in the conflist CRI-O loads, kubelet's pods are recorded, and after an
+/// unclean reboot (CRI-O's unit runs `crio wipe`, which after an unclean stop removes its
+/// whole storage: CRI-O always comes back knowing no sandbox) every attachment of the old
+/// boot is released, by CRI-O's one-shot startup GC (libcni's GCNetworkList DELs each
+/// cached attachment not in its empty valid list, through the ledger) or the agent's gc,
+/// and no DEL names a live pod. CRI-O maps host ports itself (its nftables table), so no
+/// portmap rule is asked for here.
+#[test]
+fn on_a_crio_node_the_agent_records_kubelets_pods_and_a_reboot_releases_the_old_boot() {
+    require_root!();
+    let c = Cluster::up_on(Runtime::Crio);
+    install_agent(&c);
+    apply_stdin(&c, &workloads());
+    rollout(&c, "deployment/web", "default");
+    rollout(&c, "deployment/hp", "default");
+    let before = attached(&c, 4);
+    let (agent_before, _) = agent_container(&c).expect("the agent runs");
+    // Its /readyz (the node's loopback: the agent has the node's network) says which
+    // conflist the runtimes' rules load (CRI-O's among them): the node's, the ledger first.
+    let ready = ok(
+        Command::new("curl")
+            .args(["-s", "http://127.0.0.1:9658/readyz"])
+            .output()
+            .unwrap(),
+        "curl /readyz",
+    );
+    assert!(
+        ready.contains("ok every runtime rule loads /etc/cni/net.d/10-pods.conflist")
+            && ready.contains("ok ledger first in /etc/cni/net.d/10-pods.conflist"),
+        "/readyz: {ready}"
+    );
+
+    let seen = calls().len();
+    ok(cluster_sh(&["restart"]), "cluster.sh restart (CRI-O)");
+    let node_back = Instant::now();
+    wait_until(180, "the agent's pod running again, Ready", || {
+        agent_container(&c).is_some_and(|(id, _)| id != agent_before) && agent_ready(&c)
+    });
+    let after = attached(&c, 4);
+    for (n, id) in &after {
+        assert!(
+            !before.values().any(|o| o == id),
+            "{n} kept its old sandbox {id} across CRI-O's wipe"
+        );
+    }
+    wait_until(
+        180,
+        "every record and address of the old boot released",
+        || {
+            let held = addresses();
+            before
+                .values()
+                .all(|id| !record_path(id).exists() && !held.values().any(|v| v == id))
+        },
+    );
+    let dels: Vec<_> = calls()[seen..]
+        .iter()
+        .filter(|x| x[0] == "bridge" && x[1] == "DEL" && before.values().any(|i| *i == x[2]))
+        .cloned()
+        .collect();
+    eprintln!(
+        "FIGURE k8s reboot on CRI-O: the old boot's 4 attachments released {:.1} s after \
+         the node came back; {} bridge DELs of them (CNI_NETNS {:?})",
+        node_back.elapsed().as_secs_f64(),
+        dels.len(),
+        dels.iter().map(|x| x[3].as_str()).collect::<BTreeSet<_>>()
+    );
+    let failed = sandbox_failures(&c);
+    assert!(failed.is_empty(), "sandboxes failed: {failed:#?}");
+    assert_eq!(attached(&c, 4), after, "the live pods after the release");
+    records_match_sandboxes(&c);
     assert_no_del_of_live(&c);
 }
