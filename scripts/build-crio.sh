@@ -101,6 +101,7 @@ fi
 # Our own settings, whatever the caller's environment says: no workspace, no toolchain
 # downloaded behind our back.
 export GOFLAGS= GOWORK=off GOTOOLCHAIN=local GO111MODULE=on
+. "$(dirname "${BASH_SOURCE[0]}")/go-scratch.sh"
 # Any Go can fetch the module; its go line then says which may build it.
 boot_go=$(find_go 1.21) || die "no Go found: set GO, or install Go at /usr/local/go"
 info=$(cd / && "${nice_cmd[@]}" "$boot_go" mod download -json "$MODULE@$CRIO_VERSION") ||
@@ -116,7 +117,7 @@ date=$(sed -n 's/.*"Time":"\([^"]*\)".*/\1/p' "${gomod%.mod}.info")
 commit=$(sed -n 's/.*"Hash":"\([0-9a-f]*\)".*/\1/p' "${gomod%.mod}.info")
 
 tmp=$(mktemp -d "$dir/.build.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+go_scratch_also "$tmp"
 cp -r "$src" "$tmp/cri-o"
 chmod -R u+w "$tmp/cri-o"
 say "building $MODULE $CRIO_VERSION with $("$go_bin" env GOVERSION) ($go_bin) into $bin"

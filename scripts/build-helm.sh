@@ -108,9 +108,10 @@ if [ -x "$bin" ] && [ "$(cat "$dir/.built" 2>/dev/null)" = "$stamp" ]; then
 fi
 
 need_go
+. "$(dirname "${BASH_SOURCE[0]}")/go-scratch.sh"
 mkdir -p "$dir"
 tmp=$(mktemp -d "$dir/.build.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+go_scratch_also "$tmp"
 say "building helm $HELM_VERSION with $("$go_bin" env GOVERSION) ($go_bin) into $dir"
 start=$(date +%s)
 # Outside any module (cd /tmp): `go install module@version` builds the tag as its own

@@ -115,6 +115,7 @@ gov_ok=$(printf '%s\n' "${gov#go}" 1.26.6 | sort -V | head -1)
 # Our own settings, whatever the caller's environment says: modules resolved and recorded
 # in each wrapper's go.mod/go.sum (-mod=mod), no workspace, no toolchain switch.
 export GOFLAGS="-mod=mod -buildvcs=false" GOWORK=off GOTOOLCHAIN=local GO111MODULE=on
+. "$(dirname "${BASH_SOURCE[0]}")/go-scratch.sh"
 gocmd() { "${nice_cmd[@]}" "$GO" "$@"; }
 
 mkdir -p "$cache"

@@ -133,6 +133,7 @@ if [ -f "$stamp" ] && [ "$(sed -n 1p "$stamp")" = "$want" ]; then
 fi
 
 setup_go
+. "$(dirname "${BASH_SOURCE[0]}")/go-scratch.sh"
 say "building $MODULE@$version (${plugins[*]}) with $("$go_bin" version) into $bin"
 start=$(date +%s)
 
@@ -149,7 +150,7 @@ mkdir -p "$bin"
 # A fresh GOBIN, then a rename per binary: a test running beside a rebuild never sees a
 # half-written plugin.
 tmp=$(mktemp -d "$cache/$version/.build.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+go_scratch_also "$tmp"
 pkgs=()
 for p in "${plugins[@]}"; do pkgs+=("$(pkg_of "$p")@$version"); done
 for pk in "${pkgs[@]}"; do

@@ -117,6 +117,7 @@ if complete; then
 fi
 
 need_go
+. "$(dirname "${BASH_SOURCE[0]}")/go-scratch.sh"
 mkdir -p "$cache"
 exec 9>"$cache/.lock"
 flock 9 # one builder at a time; a second run then finds the first's stamp
@@ -133,7 +134,7 @@ src=$(cd / && gocmd mod download -json "$MODULE@$WHEREABOUTS_VERSION" |
 
 mkdir -p "$dir"
 tmp=$(mktemp -d "$dir/.build.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+go_scratch_also "$tmp"
 # A writable copy (the module cache is read-only): built there as its own main module, so
 # its replace directive applies, as in the project's own build.
 cp -r "$src" "$tmp/src"
