@@ -149,10 +149,19 @@ fn write_conflist(node: &Node, conf: &Path, tmp: &Path) {
     );
 }
 
+/// Changes the conflist as a careful operator's tool does: a new file renamed over the old.
+/// CRI-O reloads the dir on every event in it, and a write in place is first seen as a
+/// truncated, invalid file: CRI-O then has no network and refuses the next sandbox.
 fn edit_conflist(conf: &Path, edit: impl FnOnce(&mut Value)) {
     let mut doc: Value = serde_json::from_slice(&fs::read(conf).unwrap()).unwrap();
     edit(&mut doc);
-    fs::write(conf, doc.to_string()).unwrap();
+    // Not a .conf/.conflist/.json name: CRI-O's loader skips it.
+    let tmp = conf.with_file_name(format!(
+        ".{}.tmp",
+        conf.file_name().unwrap().to_string_lossy()
+    ));
+    fs::write(&tmp, doc.to_string()).unwrap();
+    fs::rename(&tmp, conf).unwrap();
 }
 
 /// CRI-O on the node: its config in the test's dir, everything it keeps on the node's
@@ -259,6 +268,30 @@ enable_nri = false
     /// The log of its latest start.
     fn log(&self) -> String {
         fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// Waits until CRI-O has reloaded `on_node` (a conflist, by its path on the node) after
+    /// its log was `since` bytes long: the rename's event, then a load that followed it.
+    /// Until then a new sandbox may still get the chain as it was.
+    fn wait_reload(&self, on_node: &str, since: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let log = self.log();
+            let tail = log.get(since..).unwrap_or("");
+            // fsnotify reports a rename onto the name as CREATE of it.
+            let mut lines = tail.lines();
+            let renamed = lines.by_ref().any(|l| {
+                l.contains("CNI monitoring event") && l.contains("CREATE") && l.contains(on_node)
+            });
+            if renamed && lines.any(|l| l.contains("Found CNI network")) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "CRI-O did not reload {on_node} within 30 s:\n{tail}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Starts it with `env` added (and waits for its socket to answer).
@@ -538,9 +571,11 @@ fn crio_reboot_gc_verb_and_gc_release_what_the_old_boot_left() {
     // chain of its ADD; libcni DELs with today's conflist).
     crio.start(&node, &[("CNI_LEDGER_TEST_BOOT_ID", OLD_BOOT)]);
     let lost = crio.run_pod(&node, "lost");
+    let since = crio.log().len();
     edit_conflist(&conf, |doc| {
         doc["plugins"][2]["failDelMarker"] = json!(marker)
     });
+    crio.wait_reload("/etc/cni/net.d/10-crio-pods.conflist", since);
     let failing = crio.run_pod(&node, "failing");
     for id in [&lost, &failing] {
         assert_running(&node, id, crio.pause_pid(&node, id), OLD_BOOT);
