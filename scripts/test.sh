@@ -34,6 +34,11 @@ done
 export PATH
 command -v cargo >/dev/null 2>&1 || die "cargo not found; install Rust >= 1.89 (https://rustup.rs)"
 
+# The disk may be shared with other work: what was free, printed at the start and before the
+# Rust build (some 3 GB of target/), says when a failure was a full disk.
+free_disk() { say "free disk: $(df -h --output=avail . | tail -n 1 | tr -d ' ') on $(df --output=target . | tail -n 1)"; }
+free_disk
+
 # qemu-system-x86, qemu-utils, debootstrap, e2fsprogs: the VM reboot test
 # (tests/vm_reboot.rs) builds a Debian guest once and boots it; systemd: its
 # systemd-analyze verify of the units.
@@ -119,6 +124,7 @@ say "promtool check rules / test rules (deploy/prometheus)"
 promtool check rules deploy/prometheus/cni-ledger-rules.yaml
 (cd deploy/prometheus && promtool test rules cni-ledger-rules.test.yaml)
 
+free_disk
 say "cargo fmt --check"
 cargo fmt --check
 
