@@ -680,11 +680,16 @@ start_containerd() {
 	ctr images import "$D/img/pause.tar" >/dev/null ||
 		die "ctr images import of the pause image failed"
 	say "containerd up, $SANDBOX_IMAGE imported"
-	# Images a user put in $D/images (archives of `ctr images export`), for a restart
-	# that lost containerd's root: kubelet finds them as if pulled again.
-	local f
+	# Images load-image kept in $D/images, for a restart that lost containerd's root:
+	# kubelet finds them as if pulled again. An image containerd still has is left as it
+	# is, as a registry is not asked again for it.
+	local f name
 	for f in "$D"/images/*.tar; do
 		[ -f "$f" ] || continue
+		name=$(cat "${f%.tar}.name" 2>/dev/null) || name=
+		if [ -n "$name" ] && ctr images ls -q | grep -qxF -- "$name"; then
+			continue
+		fi
 		ctr images import "$f" >/dev/null || die "ctr images import $f failed"
 		say "imported $f"
 	done
@@ -794,6 +799,7 @@ load_image() {
 	else
 		ctr images import "$tar" >/dev/null && ctr images tag --force "$from" "$name" >/dev/null &&
 			ctr images export "$keep" "$name" || die "ctr import/tag/export of $name failed"
+		printf '%s\n' "$name" >"${keep%.tar}.name"
 	fi
 	say "$name loaded into $RUNTIME (kept as $keep)"
 }
