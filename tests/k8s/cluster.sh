@@ -55,6 +55,7 @@
 # CNI_LEDGER_K8S_NODE (the Node's name, default cni-ledger-k8s),
 # CNI_LEDGER_K8S_CNI_BIN (the plugins wrapped into the node's /opt/cni/bin, default
 # /usr/lib/cni: Debian's containernetworking-plugins), CNI_LEDGER_K8S_TIMEOUT (seconds to wait for Ready, 240).
+# CNI_LEDGER_K8S_MAX_PODS: kubelet's maxPods (its default, 110, counts the agent's pod too).
 # CNI_LEDGER_K8S_IPAM=whereabouts: the pods' addresses from whereabouts (scripts/build-whereabouts.sh
 # builds it) over the same range instead of host-local, its leases in IPPools of the API server:
 # `up` applies the CRDs the build copies once the API server is ready, wraps the plugin into
@@ -80,6 +81,7 @@ IPAM=${CNI_LEDGER_K8S_IPAM:-host-local}
 case $IPAM in host-local | whereabouts) ;; *) echo "cluster: CNI_LEDGER_K8S_IPAM is host-local or whereabouts, not '$IPAM'" >&2 && exit 1 ;; esac
 WB=
 TIMEOUT=${CNI_LEDGER_K8S_TIMEOUT:-240}
+MAX_PODS=${CNI_LEDGER_K8S_MAX_PODS:-110}
 cache=${CNI_LEDGER_K8S_CACHE:-/var/cache/cni-ledger-k8s}
 export CNI_LEDGER_K8S_CACHE=$cache
 
@@ -502,6 +504,7 @@ imageServiceEndpoint: unix://$NODE_SOCK
 cgroupRoot: /$CGROUP_ROOT
 failCgroupV1: false
 failSwapOn: false
+maxPods: $MAX_PODS
 clusterDomain: cluster.local
 clusterDNS: [${SERVICE_CIDR%.*/*}.10]
 resolvConf: /etc/resolv.conf
