@@ -667,14 +667,15 @@ up() {
 	start_runtime
 }
 
-# start_runtime: the runtime (and the pause image in it) and kubelet, in the node; waits
-# for the Node to be Ready.
+# start_runtime [NEW_ROOT]: the runtime (and the pause image in it) and kubelet, in the
+# node; waits for the Node to be Ready. NEW_ROOT non-empty: containerd's root was lost.
 start_runtime() {
-	if [ "$RUNTIME" = crio ]; then crio_start; else start_containerd; fi
+	if [ "$RUNTIME" = crio ]; then crio_start; else start_containerd "${1:-}"; fi
 	start_kubelet
 }
 
 start_containerd() {
+	local new_root=$1
 	# containerd finds its shim on PATH; the shim runs the configured runc.
 	in_node containerd env PATH="$CTRD_BIN:$PATH" "$CTRD_BIN/containerd" \
 		--config "$D/containerd/config.toml"
@@ -684,15 +685,12 @@ start_containerd() {
 		die "ctr images import of the pause image failed"
 	say "containerd up, $SANDBOX_IMAGE imported"
 	# Images load-image kept in $D/images, for a restart that lost containerd's root:
-	# kubelet finds them as if pulled again. An image containerd still has is left as it
-	# is, as a registry is not asked again for it.
-	local f name
+	# kubelet finds them as if pulled again. A root that was kept still has them, and a
+	# registry is not asked again for them.
+	[ -n "$new_root" ] || return 0
+	local f
 	for f in "$D"/images/*.tar; do
 		[ -f "$f" ] || continue
-		name=$(cat "${f%.tar}.name" 2>/dev/null) || name=
-		if [ -n "$name" ] && ctr images ls -q | grep -qxF -- "$name"; then
-			continue
-		fi
 		ctr images import "$f" >/dev/null || die "ctr images import $f failed"
 		say "imported $f"
 	done
@@ -733,7 +731,7 @@ restart() {
 	[ -z "$lose" ] || rm -rf --one-file-system "$D/containerd/root" "$D/crio/root"
 	make_cgroups
 	start_node
-	start_runtime
+	start_runtime "$lose"
 	say "node restarted in $((SECONDS - t0)) s"
 }
 
@@ -802,7 +800,6 @@ load_image() {
 	else
 		ctr images import "$tar" >/dev/null && ctr images tag --force "$from" "$name" >/dev/null &&
 			ctr images export "$keep" "$name" || die "ctr import/tag/export of $name failed"
-		printf '%s\n' "$name" >"${keep%.tar}.name"
 	fi
 	say "$name loaded into $RUNTIME (kept as $keep)"
 }
