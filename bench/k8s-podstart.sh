@@ -175,6 +175,15 @@ def watch(out, selector, old_json, want, timeout):
     return 1
 
 
+def busy(stat_file):
+    """The machine's busy and total CPU seconds between the two /proc/stat lines of
+    stat_file (all but idle and iowait; guest time is in user already)."""
+    a, b = [[int(x) for x in l.split()[1:]] for l in open(stat_file)]
+    d = [y - x for x, y in zip(a, b)][:8]
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(d) - d[3] - d[4]) / hz, sum(d) / hz
+
+
 def kubelet_start():
     """kubelet's start as wall time: its pid file's start time (clock ticks since boot,
     CLOCK_BOOTTIME like /proc/uptime) against the wall clock now."""
@@ -286,11 +295,7 @@ def storm_collect(watchf, old_json, calls_path, calls_off, variant, rnd, out, t_
         s += "; %d bridge DELs of the old sandboxes from %.1f to %.1f s" % (len(dels), min(dels) - k0, max(dels) - k0)
     w = os.path.dirname(out)
     try:
-        a, b = [[int(x) for x in l.split()[1:]] for l in open("%s/stat-%s" % (w, rnd))]
-        d = [y - x for x, y in zip(a, b)][:8]  # guest time is in user already
-        hz = os.sysconf("SC_CLK_TCK")
-        busy = (sum(d) - d[3] - d[4]) / hz  # all but idle and iowait
-        s += "; the machine's CPU from the restart to the last pod Ready: %.0f s busy of %.0f s" % (busy, sum(d) / hz)
+        s += "; the machine's CPU from the restart to the last pod Ready: %.0f s busy of %.0f s" % busy("%s/stat-%s" % (w, rnd))
         use, thr = [int(x) for x in open("%s/agent-cpu-%s" % (w, rnd)).read().split()]
         s += "; the agent's pod (gc and the plugins it ran): %.1f s CPU, %.1f s throttled (its 500m limit)" % (use / 1e9, thr / 1e9)
     except (OSError, ValueError):
@@ -305,12 +310,9 @@ def cpu_delta(stat_file, agent_file, plugins_file):
     """The machine's busy CPU seconds between the two /proc/stat lines of stat_file, the
     CNI plugins' (containerd's reaped children: two tick counts in plugins_file), and the
     agent's pod's between the two "usage_ns throttled_ns" lines of agent_file."""
-    a, b = [[int(x) for x in l.split()[1:]] for l in open(stat_file)]
-    d = [y - x for x, y in zip(a, b)][:8]
-    hz = os.sysconf("SC_CLK_TCK")
-    s = "the machine's CPU: %.1f s busy of %.1f s" % ((sum(d) - d[3] - d[4]) / hz, sum(d) / hz)
+    s = "the machine's CPU: %.1f s busy of %.1f s" % busy(stat_file)
     c0, c1 = [int(l) for l in open(plugins_file)]
-    s += "; containerd's children (the CNI plugins): %.2f s" % ((c1 - c0) / hz)
+    s += "; containerd's children (the CNI plugins): %.2f s" % ((c1 - c0) / os.sysconf("SC_CLK_TCK"))
     try:
         (u0, _), (u1, _) = [[int(x) for x in l.split()] for l in open(agent_file)]
         s += "; the agent's pod: %.2f s CPU" % ((u1 - u0) / 1e9)
