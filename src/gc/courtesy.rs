@@ -10,6 +10,11 @@
 //! chain; one made by a chain without a tail counts while it is a few seconds old.
 //! Nothing is added to ADD's path: gc reads what ADD writes anyway.
 //!
+//! An ADD that began moments ago counts too, completed or not: kubelet brings a node's
+//! pods back one after another, so its ADDs leave short gaps, and a replay started in
+//! one still holds iptables' lock and a core when the next pod's ADD comes. Waiting for
+//! a short quiet moves the replays after the storm, within the same budget.
+//!
 //! A replay that began before an ADD did pauses between its plugins too, briefly (it
 //! holds its key's lock), and a run's workers join one by one. The budget is the hard
 //! bound: once a run has waited that long in all, its replays go on whatever starts, so
@@ -17,7 +22,7 @@
 //! attachment's release by at most the budget.
 
 use crate::chain::{self, State};
-use crate::ledger::{Decoded, Ledger};
+use crate::ledger::{Decoded, Ledger, Record};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
@@ -32,6 +37,9 @@ pub const IN_FLIGHT_SECS: u64 = 60;
 /// A record of a chain without a tail has no note to say its ADD is done: it counts as
 /// in flight only this long.
 pub const UNTRACKED_IN_FLIGHT_SECS: u64 = 5;
+/// An ADD of this boot that began less than this long ago counts as in flight even once
+/// its chain completed: the quiet gc waits for between a storm's ADDs.
+pub const QUIET_AFTER_ADD: Duration = Duration::from_secs(2);
 /// Between the starts of a run's replay workers, which join one by one: a storm that
 /// starts with the run finds one replay's plugin under way instead of `--jobs`; a run
 /// without one loses at most (jobs - 1) × RAMP.
@@ -205,32 +213,38 @@ impl Courtesy {
 /// without being read, so a look costs one listing and a stat or two per record, plus a
 /// read of a young un-noted one until one is found in flight.
 pub fn add_in_flight(ledger: &Ledger, boot: &str) -> Option<String> {
-    let young_since = SystemTime::now().checked_sub(Duration::from_secs(IN_FLIGHT_SECS))?;
+    let now = SystemTime::now();
+    let young_since = now.checked_sub(Duration::from_secs(IN_FLIGHT_SECS))?;
+    let just_since = now.checked_sub(QUIET_AFTER_ADD)?;
     // A write in progress is no stem: its record is not there yet.
     for (stem, made) in ledger.record_stems_modified() {
         if made < young_since {
             continue;
         }
         // The tail wrote its note after the head's record: the ADD completed, or a DEL
-        // began. Told by one stat, without reading the record.
+        // began. Told by one stat, without reading the record; a record written just now
+        // is read whatever its note says (`QUIET_AFTER_ADD`).
         let noted = std::fs::metadata(ledger.note_path(&stem))
             .and_then(|m| m.modified())
             .is_ok_and(|t| t >= made);
-        if !noted && in_flight(ledger, &stem, boot) {
+        if (!noted || made >= just_since) && in_flight(ledger, &stem, boot) {
             return Some(stem);
         }
     }
     None
 }
 
-/// Whether `stem`'s record is an ADD still in the chain: of this boot, not completed
-/// by a tail, no DEL begun, and young.
+/// Whether `stem`'s record is an ADD still in the chain: of this boot, and begun less
+/// than `QUIET_AFTER_ADD` ago, or not completed by a tail, no DEL begun, and young.
 fn in_flight(ledger: &Ledger, stem: &str, boot: &str) -> bool {
     let Ok(Some(Decoded::Ok(rec))) = ledger.read(stem) else {
         return false;
     };
     if rec.boot_id != boot {
         return false;
+    }
+    if began_within(&rec, QUIET_AFTER_ADD) {
+        return true;
     }
     let age = rec.age_secs(boot, crate::time::now());
     match chain::classify(rec.tail, rec.chain.as_ref(), age, IN_FLIGHT_SECS) {
@@ -239,5 +253,61 @@ fn in_flight(ledger: &Ledger, stem: &str, boot: &str) -> bool {
             age.is_some_and(|a| a >= 0 && a.unsigned_abs() < UNTRACKED_IN_FLIGHT_SECS)
         }
         _ => false,
+    }
+}
+
+/// Whether `rec`'s ADD began less than `d` ago on the boot clock (the record is of this
+/// boot; one without the head's start time never counts).
+fn began_within(rec: &Record, d: Duration) -> bool {
+    let (Some(then), Some(now)) = (rec.created_boot_ns, crate::time::since_boot_ns()) else {
+        return false;
+    };
+    now.checked_sub(then)
+        .is_some_and(|ago| u128::from(ago) < d.as_nanos())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::record::{self, ChainNote};
+    use crate::ledger::tests::tmp_ledger;
+
+    /// A record of `boot` whose chain (with a tail) completed, its ADD begun `ago`.
+    fn completed(ledger: &Ledger, cid: &str, boot: &str, ago: Duration) -> String {
+        let began = crate::time::since_boot_ns().unwrap() - ago.as_nanos() as u64;
+        let mut rec = record::sample();
+        rec.container_id = cid.into();
+        rec.boot_id = boot.into();
+        rec.tail = true;
+        rec.created_boot_secs = Some(began / 1_000_000_000);
+        rec.created_boot_ns = Some(began);
+        ledger.write(&rec).unwrap();
+        let note = ChainNote {
+            completed_boot_ns: crate::time::since_boot_ns(),
+            ..ChainNote::default()
+        };
+        ledger.put_note(&rec, &note).unwrap();
+        rec.key().stem()
+    }
+
+    #[test]
+    fn an_add_begun_moments_ago_counts_though_its_chain_completed() {
+        let l = tmp_ledger("courtesy-quiet");
+        let stem = completed(&l, "just", "this-boot", Duration::from_millis(100));
+        assert_eq!(add_in_flight(&l, "this-boot"), Some(stem));
+        // Of another boot: a record gc rewrites, never an ADD of this one.
+        assert_eq!(add_in_flight(&l, "next-boot"), None);
+    }
+
+    #[test]
+    fn a_completed_add_past_the_quiet_is_none() {
+        let l = tmp_ledger("courtesy-past");
+        completed(
+            &l,
+            "earlier",
+            "this-boot",
+            QUIET_AFTER_ADD + Duration::from_secs(1),
+        );
+        assert_eq!(add_in_flight(&l, "this-boot"), None);
     }
 }
