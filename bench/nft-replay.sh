@@ -31,7 +31,7 @@
 #
 # Settings (environment):
 #   N=500          stale attachments per run (≤ 4000: one /20)
-#   ROUNDS=1       rounds (each: both sides of each backend)
+#   ROUNDS=1       the last round's number (each round: both sides of each backend)
 #   START_ROUND=1  the first round's number (START_ROUND=2 ROUNDS=2: round 2 alone,
 #                  whose order is the reverse of round 1's)
 #   BACKENDS="nftables iptables"
@@ -60,6 +60,10 @@ die() {
 	log "error: $*"
 	exit 1
 }
+# ROUNDS is the last round's number, not a count: START_ROUND=2 ROUNDS=1 would run nothing
+# after the whole setup and then fail on an empty table.
+((START_ROUND >= 1 && START_ROUND <= ROUNDS)) ||
+	die "START_ROUND=$START_ROUND ROUNDS=$ROUNDS runs no round: ROUNDS is the last round's number (START_ROUND=2 ROUNDS=2 runs round 2)"
 
 [ "$(id -u)" = 0 ] || die "run as root (network namespaces, bridges, nftables)"
 for tool in ip nft iptables-save cargo python3; do
