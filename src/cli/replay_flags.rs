@@ -46,8 +46,8 @@ pub struct ReplayFlags {
     #[arg(long, default_value_t = crate::chain::DEFAULT_LEFT_AFTER_SECS, value_name = "SECS")]
     chain_left_after: u64,
     /// Before each replay, wait while an ADD is in flight on the node (a record young and
-    /// pending: the tail has not come yet), for at most this long in all per run; 0 never
-    /// waits.
+    /// pending: the tail has not come yet) or began less than 2 s ago, for at most this
+    /// long in all per run; 0 never waits.
     #[arg(long, default_value_t = gc::courtesy::DEFAULT_YIELD_MAX_SECS, value_name = "SECS")]
     yield_max: u64,
 }
