@@ -6,6 +6,7 @@
 # the release profile (a dev build's checksums and JSON cost several times more per call).
 #
 #   sudo bench/k8s-podstart.sh steady [ROUNDS=6] [PODS=20]
+#   sudo PACE=2 bench/k8s-podstart.sh steady [ROUNDS] [PODS]   # one pod every 2 s instead
 #   sudo bench/k8s-podstart.sh storm N [ROUNDS=2]      # FIRST=empty: start with (b)
 #   KEEP=DIR ...                                       # keep the raw files in DIR
 #
@@ -21,7 +22,13 @@
 #   startup duration": podStartSLOduration, creation to running as its pod watch saw it);
 #   then the Deployment is deleted and its pods waited out (no sandbox, record or address
 #   left). Per round the median and p90; the with/without ratio of medians per ABBA pair
-#   and pooled.
+#   and pooled. Besides, from containerd's log: RunPodSandbox's span and the pod created
+#   to its container started. The ledger's head and tail run only inside the CNI ADD,
+#   inside RunPodSandbox; after StartContainer it runs nothing for the pod until its DEL.
+#   So the spans say where a difference in pod start comes from, and RunPodSandbox's, the
+#   least noisy, bounds what the ledger's plugin can add to it.
+#   PACE=S: the pods made one by one through the API, one every S seconds (bare pods, a
+#   steady trickle, each mostly alone on the node) rather than as a Deployment's burst.
 # storm: a Deployment of N pause pods, Ready; past gc's 60 s --grace (the agent runs gc at
 #   its start and then every 300 s; a record younger than the grace is left alone unless
 #   the boot ID changed, which a restart of cluster.sh's node does not); then an unclean
@@ -122,7 +129,7 @@ BASE=$repo/deploy/kubernetes/base
 py() { python3 "$W/podstart.py" "$@"; }
 cat >"$W/podstart.py" <<'PY'
 """The Python half of bench/k8s-podstart.sh: the watch, kubelet's log, the tables."""
-import http.client, json, os, random, re, ssl, statistics, sys, time, urllib.parse
+import calendar, http.client, json, os, random, re, ssl, statistics, sys, time, urllib.parse
 
 D = os.environ["CNI_LEDGER_K8S_DIR"]
 
@@ -197,6 +204,63 @@ def go_duration(s):
     return sum(float(v) * units[u] for v, u in re.findall(r"([0-9.]+)(ns|us|µs|ms|s|m|h)", s))
 
 
+def create_paced(prefix, count, pace, image):
+    """Creates `count` pause pods prefix-NNN through the API, one every `pace` s (a steady
+    trickle, each pod mostly alone on the node, as against a Deployment's burst)."""
+    c = api()
+    t0 = time.time()
+    for i in range(int(count)):
+        time.sleep(max(0.0, t0 + i * float(pace) - time.time()))
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "%s-%03d" % (prefix, i), "namespace": "default", "labels": {"app": prefix}},
+               "spec": {"terminationGracePeriodSeconds": 2,
+                        "containers": [{"name": "pause", "image": image, "imagePullPolicy": "Never"}]}}
+        c.request("POST", "/api/v1/namespaces/default/pods", json.dumps(pod), {"Content-Type": "application/json"})
+        r = c.getresponse()
+        body = r.read()
+        if r.status != 201:
+            print("creating pod %d: HTTP %d %s" % (i, r.status, body[:200]))
+            return 1
+    return 0
+
+
+CTRD_TIME = re.compile(r'time="([^"]+)"')
+SANDBOX_FOR = re.compile(r'msg="RunPodSandbox for name:\\"([^\\]+)\\" uid:\\"[^\\]*\\" namespace:\\"default\\"')
+SANDBOX_ID = re.compile(r'returns sandbox id \\"([0-9a-f]+)\\"')
+STARTED = re.compile(r'msg="StartContainer for \\"([0-9a-f]+)\\" returns successfully"')
+
+
+def rfc3339(s):
+    """containerd's log stamp (RFC 3339, nanoseconds, a zone) as seconds since the epoch."""
+    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$", s)
+    base = calendar.timegm(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S"))
+    if m.group(3) != "Z":
+        sign = 1 if m.group(3)[0] == "+" else -1
+        base -= sign * (int(m.group(3)[1:3]) * 3600 + int(m.group(3)[4:6]) * 60)
+    return base + float(m.group(2) or 0)
+
+
+def containerd_times(logfile, offset):
+    """From containerd's log after byte `offset`: per pod name, RunPodSandbox's begin and
+    return; per container ID, StartContainer's return."""
+    begin, ret, started = {}, {}, {}
+    with open(logfile, "rb") as f:
+        f.seek(int(offset))
+        for line in f.read().decode(errors="replace").splitlines():
+            t = CTRD_TIME.search(line)
+            m = SANDBOX_FOR.search(line)
+            if t and m:
+                if SANDBOX_ID.search(line):
+                    ret.setdefault(m.group(1), rfc3339(t.group(1)))
+                else:
+                    begin.setdefault(m.group(1), rfc3339(t.group(1)))
+                continue
+            m = STARTED.search(line)
+            if t and m:
+                started.setdefault(m.group(1), rfc3339(t.group(1)))
+    return begin, ret, started
+
+
 STARTUP = re.compile(r'"Observed pod startup duration" pod="default/([^"]+)" '
                      r'podStartSLOduration=([0-9.e+-]+) podStartE2EDuration="([^"]*)"')
 
@@ -216,20 +280,24 @@ def startups(logfile, offset, prefix):
 def watch_starts(watchf, old):
     """Per pod: its first event (ADDED: the ReplicaSet made it) and its first Ready on a
     container not in `old`, as the watch saw them."""
-    first, ready = {}, {}
+    first, ready, cids = {}, {}, {}
     for line in open(watchf):
         if line.startswith("#"):
             continue
         t, typ, name, cid, r = line.rstrip("\n").split("\t")
         first.setdefault(name, float(t))
-        if r == "True" and cid != "-" and cid != old.get(name):
-            ready.setdefault(name, float(t))
-    return first, ready
+        if r == "True" and cid != "-" and cid != old.get(name) and name not in ready:
+            ready[name] = float(t)
+            cids[name] = cid.split("://")[-1]
+    return first, ready, cids
 
 
-def steady_collect(logfile, offset, prefix, want, out, variant, rnd, watchf):
+def steady_collect(logfile, offset, prefix, want, out, variant, rnd, watchf, ctrd_log, ctrd_off):
     """Waits up to 5 s for kubelet's `want` figures; appends 'variant round pod slo e2e
-    watch' rows (nan where kubelet logged none; watch: created to Ready, as seen).
+    watch sandbox started' rows (nan where missing). watch: created to Ready, as the watch
+    saw both; sandbox: RunPodSandbox's span in containerd's log (the CNI ADD is in it);
+    started: created (the watch) to StartContainer's return (containerd's log), pod start
+    up to the moment kubelet's status loop (PLEG, a relist each second) may notice it.
     kubelet's tracker misses a pod whose Running it saw on its watch before its own status
     update recorded it; it then logs the pod at its next watch event (the deletion), a
     figure of this script's pace: so only what it logged by now counts."""
@@ -238,20 +306,27 @@ def steady_collect(logfile, offset, prefix, want, out, variant, rnd, watchf):
     while len(got) < int(want) and time.time() - t < 5:
         time.sleep(1)
         got = startups(logfile, offset, prefix)
-    first, ready = watch_starts(watchf, {})
+    first, ready, cids = watch_starts(watchf, {})
+    begin, ret, started = containerd_times(ctrd_log, ctrd_off)
+    nan = float("nan")
     seen = {p: ready[p] - first[p] for p in ready}
-    nan = (float("nan"), float("nan"))
+    sandbox = {p: ret[p] - begin[p] for p in ready if p in begin and p in ret}
+    up = {p: started[cids[p]] - first[p] for p in ready if cids.get(p) in started}
     with open(out, "a") as f:
         for pod in sorted(set(got) | set(seen)):
-            slo, e2e = got.get(pod, nan)
-            f.write("%s\t%s\t%s\t%.4f\t%.4f\t%.4f\n" % (variant, rnd, pod, slo, e2e, seen.get(pod, float("nan"))))
+            slo, e2e = got.get(pod, (nan, nan))
+            f.write("%s\t%s\t%s\t%.4f\t%.4f\t%.4f\t%.4f\t%.4f\n" % (
+                variant, rnd, pod, slo, e2e, seen.get(pod, nan), sandbox.get(pod, nan), up.get(pod, nan)))
     slo, w = [v[0] for v in got.values()], list(seen.values())
-    if not slo or not w:
-        print("kubelet logged %d figures, the watch saw %d pods Ready" % (len(slo), len(w)))
+    if not slo or not w or not up:
+        print("kubelet logged %d figures, the watch saw %d pods Ready, containerd's log %d started" % (
+            len(slo), len(w), len(up)))
         return 1
-    print("kubelet: %d pods, median %.3f s, p90 %.3f s; the watch: %d pods, median %.3f s, p90 %.3f s" % (
-        len(slo), statistics.median(slo), pct(slo, 0.9), len(w), statistics.median(w), pct(w, 0.9)))
-    return 0 if len(got) >= int(want) else 1
+    print("kubelet: %d pods, median %.3f s; the watch: %d pods, median %.3f s, p90 %.3f s; "
+          "sandbox: mean %.0f ms; created to started: %d pods, mean %.0f ms" % (
+              len(slo), statistics.median(slo), len(w), statistics.median(w), pct(w, 0.9),
+              statistics.mean(sandbox.values()) * 1e3, len(up), statistics.mean(up.values()) * 1e3))
+    return 0 if len(got) >= int(want) and len(up) == len(w) else 1
 
 
 def calls(path, offset):
@@ -270,7 +345,7 @@ def storm_collect(watchf, old_json, calls_path, calls_off, variant, rnd, out, t_
     """Per pod: kubelet's start to Ready on a new container; what the chain did meanwhile."""
     old = json.load(open(old_json))
     k0 = kubelet_start()
-    _, ready = watch_starts(watchf, old)
+    _, ready, _ = watch_starts(watchf, old)
     secs = sorted(v - k0 for v in ready.values())
     with open(out, "a") as f:
         for name, t in sorted(ready.items()):
@@ -330,20 +405,51 @@ def live_dels(calls_path, calls_off, live_json):
     return 1 if bad else 0
 
 
+MEASURES = (
+    ("kubelet", "kubelet's podStartSLOduration (created, to the second, to running as its watch saw it)"),
+    ("watch", "the pod created to Ready, as a watch on the API server saw both"),
+    ("started", "the pod created (the watch) to its container started (containerd's log): before kubelet's status loop"),
+    ("sandbox", "RunPodSandbox, in containerd's log (the CNI ADD is in it)"),
+)
+
+
+def pair_boot(per, k, stat):
+    """95% bootstrap interval of stat(with, without) over the pooled rounds, resampling
+    whole ABBA pairs (a pair's rounds ran back to back: the machine's speed is shared)."""
+    rng = random.Random(1)
+    ids = sorted({r // 2 for r in per})
+    boot = []
+    for _ in range(2000):
+        px = {"with": [], "without": []}
+        for i in (rng.choice(ids) for _ in ids):
+            for r in (2 * i, 2 * i + 1):
+                if r in per:
+                    px[per[r][0]].extend(per[r][1][k])
+        if px["with"] and px["without"]:
+            boot.append(stat(px["with"], px["without"]))
+    return pct(boot, 0.025), pct(boot, 0.975)
+
+
 def report_steady(path):
     per = {}  # round -> (variant, {measure: [secs]})
     for line in open(path):
-        v, r, pod, slo, e2e, seen = line.rstrip("\n").split("\t")
-        m = per.setdefault(int(r), (v, {"kubelet": [], "watch": []}))[1]
-        for k, x in (("kubelet", float(slo)), ("watch", float(seen))):
-            if x == x:
-                m[k].append(x)
-    for k, what in (("kubelet", "kubelet's podStartSLOduration (created, to the second, to running as its watch saw it)"),
-                    ("watch", "the pod created to Ready, as a watch on the API server saw both")):
+        x = line.rstrip("\n").split("\t")
+        v, r, vals = x[0], int(x[1]), dict(zip(("kubelet", "e2e", "watch", "sandbox", "started"), map(float, x[3:])))
+        m = per.setdefault(r, (v, {k: [] for k, _ in MEASURES}))[1]
+        for k, _ in MEASURES:
+            if vals.get(k, float("nan")) == vals.get(k, float("nan")):
+                m[k].append(vals[k])
+    mean = statistics.mean
+    pools = {}
+    for k, what in MEASURES:
+        pool = {v: [x for w, m in per.values() if w == v for x in m[k]] for v in ("with", "without")}
+        if not (pool["with"] and pool["without"]):
+            continue
+        pools[k] = pool
         print("#### %s" % what)
         print()
-        print("| round | variant | pods | median | p90 | pair's ratio of medians (with/without) |")
-        print("|---|---|---|---|---|---|")
+        print("| round | variant | pods | median | mean | p90 | pair's ratio of medians (with/without) |")
+        print("|---|---|---|---|---|---|---|")
         pairs = []
         for r in sorted(per):
             v, xs = per[r][0], per[r][1][k]
@@ -356,31 +462,35 @@ def report_steady(path):
                     q = statistics.median(a["with"]) / statistics.median(a["without"])
                     pairs.append(q)
                     ratio = "%.3f×" % q
-            print("| %d | %s | %d | %.3f s | %.3f s | %s |" % (r + 1, v, len(xs), statistics.median(xs), pct(xs, 0.9), ratio))
-        pool = {v: [x for w, m in per.values() if w == v for x in m[k]] for v in ("with", "without")}
-        if pool["with"] and pool["without"]:
-            mw, mo = statistics.median(pool["with"]), statistics.median(pool["without"])
-            for v in ("with", "without"):
-                print("| all | %s | %d | %.3f s | %.3f s | |" % (v, len(pool[v]), statistics.median(pool[v]), pct(pool[v], 0.9)))
-            print()
-            # 95% bootstrap interval of the pooled ratio, resampling whole ABBA pairs (the
-            # rounds of a pair ran back to back: the machine's speed is shared within one).
-            rng = random.Random(1)
-            ids = sorted({r // 2 for r in per})
-            boot = []
-            for _ in range(2000):
-                pick = [rng.choice(ids) for _ in ids]
-                px = {"with": [], "without": []}
-                for i in pick:
-                    for r in (2 * i, 2 * i + 1):
-                        if r in per:
-                            px[per[r][0]].extend(per[r][1][k])
-                if px["with"] and px["without"]:
-                    boot.append(statistics.median(px["with"]) / statistics.median(px["without"]))
-            print("pooled ratio of medians with/without: **%.3f×** [95%% CI %.3f–%.3f] (p90s: %.3f×); per ABBA pair: %s (median %.3f×)" % (
-                mw / mo, pct(boot, 0.025), pct(boot, 0.975), pct(pool["with"], 0.9) / pct(pool["without"], 0.9),
-                ", ".join("%.3f" % q for q in pairs), statistics.median(pairs) if pairs else float("nan")))
+            print("| %d | %s | %d | %.3f s | %.3f s | %.3f s | %s |" % (
+                r + 1, v, len(xs), statistics.median(xs), mean(xs), pct(xs, 0.9), ratio))
+        for v in ("with", "without"):
+            xs = pool[v]
+            print("| all | %s | %d | %.3f s | %.3f s | %.3f s | |" % (v, len(xs), statistics.median(xs), mean(xs), pct(xs, 0.9)))
         print()
+        mw, mo = statistics.median(pool["with"]), statistics.median(pool["without"])
+        lo, hi = pair_boot(per, k, lambda a, b: statistics.median(a) / statistics.median(b))
+        dlo, dhi = pair_boot(per, k, lambda a, b: mean(a) - mean(b))
+        print("pooled ratio of medians with/without: **%.3f×** [95%% CI %.3f–%.3f] (p90s: %.3f×; means: %.3f×); "
+              "mean with − without: %+.1f ms [95%% CI %+.1f to %+.1f]; per ABBA pair: %s" % (
+                  mw / mo, lo, hi, pct(pool["with"], 0.9) / pct(pool["without"], 0.9),
+                  mean(pool["with"]) / mean(pool["without"]), (mean(pool["with"]) - mean(pool["without"])) * 1e3,
+                  dlo * 1e3, dhi * 1e3, ", ".join("%.3f" % q for q in pairs)))
+        print()
+    if "watch" in pools:
+        # The ledger's plugin runs only inside the CNI ADD, inside RunPodSandbox; after
+        # StartContainer it runs nothing for the pod. Its cost to the mean pod start is
+        # its cost to those spans (the agent's CPU aside, which cpu-delta shows per round).
+        base = mean(pools["watch"]["without"])
+        for k, what in (("started", "up to the container started"), ("sandbox", "in RunPodSandbox")):
+            if k not in pools:
+                continue
+            _, dhi = pair_boot(per, k, lambda a, b: mean(a) - mean(b))
+            d = mean(pools[k]["with"]) - mean(pools[k]["without"])
+            print("pod start's mean without the ledger (watch): %.3f s; the ledger's cost %s: %+.1f ms "
+                  "(95%% upper bound %+.1f ms): with/without **%.4f×**, at most %.4f×" % (
+                      base, what, d * 1e3, dhi * 1e3, 1 + d / base, 1 + dhi / base))
+            print()
 
 
 def report_storm(path):
@@ -414,6 +524,7 @@ if __name__ == "__main__":
     f = {"watch": lambda a: watch(a[0], a[1], a[2], int(a[3]), int(a[4])),
          "kubelet-start": lambda a: print("%.3f" % kubelet_start()) or 0,
          "steady-collect": lambda a: steady_collect(*a),
+         "create-paced": lambda a: create_paced(*a),
          "storm-collect": lambda a: storm_collect(*a[:7], float(a[7]), float(a[8])),
          "live-dels": lambda a: live_dels(*a),
          "cpu-delta": lambda a: cpu_delta(*a),
@@ -532,7 +643,7 @@ pods_gone() { # DEPLOYMENT: its pods deleted, their DELs done
 }
 
 steady() {
-	local rounds=${1:-6} pods=${2:-20} r v name off fails watcher
+	local rounds=${1:-6} pods=${2:-20} r v name off coff fails watcher
 	: >"$W/steady.tsv"
 	# The node's first pods make the bridge and the nat chains: a round untimed, first.
 	log "warm-up: $pods pods, untimed"
@@ -548,6 +659,7 @@ steady() {
 		sleep "${SETTLE:-20}"
 		name=podstart-r$r
 		off=$(size "$D/log/kubelet.log")
+		coff=$(size "$D/log/containerd.log")
 		fails=$(failures)
 		echo '{}' >"$W/none.json"
 		py watch "$W/watch-$r.tsv" "app=$name" "$W/none.json" "$pods" 300 &
@@ -558,25 +670,33 @@ steady() {
 		children_cpu containerd >"$W/splugins-$r"
 		: >"$W/sagent-$r"
 		[ -z "$agent_on" ] || agent_cpu >>"$W/sagent-$r"
-		deployment "$name" "$pods" | kubectl apply -f - >/dev/null
+		if [ -n "${PACE:-}" ]; then
+			py create-paced "$name" "$pods" "$PACE" "$PAUSE" || die "creating the pods"
+		else
+			deployment "$name" "$pods" | kubectl apply -f - >/dev/null
+		fi
 		wait "$watcher" || die "not all $pods pods Ready within 300 s"
 		head -1 /proc/stat >>"$W/sstat-$r"
 		children_cpu containerd >>"$W/splugins-$r"
 		[ -z "$agent_on" ] || agent_cpu >>"$W/sagent-$r"
 		log "  from the Deployment to the last pod Ready, $(py cpu-delta "$W/sstat-$r" "$W/sagent-$r" "$W/splugins-$r")"
-		kubectl rollout status "deployment/$name" --timeout=300s >/dev/null
+		[ -n "${PACE:-}" ] || kubectl rollout status "deployment/$name" --timeout=300s >/dev/null
 		if [ $v = with ]; then
 			[ "$(n_records)" -eq "$pods" ] || die "$v: $(n_records) records for $pods pods"
 		else
 			[ "$(n_records)" -eq 0 ] || die "$v: $(n_records) records without the ledger"
 		fi
-		log "  $(py steady-collect "$D/log/kubelet.log" "$off" "$name-" "$pods" "$W/steady.tsv" "$v" "$r" "$W/watch-$r.tsv")"
+		log "  $(py steady-collect "$D/log/kubelet.log" "$off" "$name-" "$pods" "$W/steady.tsv" "$v" "$r" "$W/watch-$r.tsv" "$D/log/containerd.log" "$coff")"
 		[ "$(failures)" = "$fails" ] || log "  sandbox failures: $fails -> $(failures)"
-		kubectl delete deployment "$name" --wait=true >/dev/null
+		if [ -n "${PACE:-}" ]; then
+			kubectl delete pods -l "app=$name" --wait=true >/dev/null
+		else
+			kubectl delete deployment "$name" --wait=true >/dev/null
+		fi
 		pods_gone "$name"
 		log "  done; load $(load)"
 	done
-	echo "### steady: $rounds rounds × $pods pods"
+	echo "### steady: $rounds rounds × $pods pods${PACE:+, one every $PACE s}"
 	echo
 	py report-steady "$W/steady.tsv"
 }
