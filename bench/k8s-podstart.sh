@@ -29,6 +29,12 @@
 #   least noisy, bounds what the ledger's plugin can add to it.
 #   PACE=S: the pods made one by one through the API, one every S seconds (bare pods, a
 #   steady trickle, each mostly alone on the node) rather than as a Deployment's burst.
+#   The node's plugins are plain copies (cluster.sh's CNI_LEDGER_K8S_CALL_LOG=0); CALL_LOG=1
+#   puts back its logging wrappers and their call log ($D/cni-calls.log, kept with KEEP).
+#   TRACE=1: each round traced by perf (the plugins' system calls and scheduling), and
+#   bench/plugin_time.py's tables at the end: where each plugin's run went, on a CPU,
+#   waiting for one, asleep reading its stdin or in fsync. Tracing slows every system
+#   call on the machine: a TRACE run's pod starts are not for the ratio.
 # storm: a Deployment of N pause pods, Ready; past gc's 60 s --grace (the agent runs gc at
 #   its start and then every 300 s; a record younger than the grace is left alone unless
 #   the boot ID changed, which a restart of cluster.sh's node does not); then an unclean
@@ -67,9 +73,14 @@ D=$CNI_LEDGER_K8S_DIR
 
 if [ "${1:-}" != __locked ]; then
 	case ${1:-} in
-	steady) ;;
+	steady)
+		# The node's plugins as a node has them, without cluster.sh's logging wrappers
+		# (a shell and a `date` per call, more CPU than the ledger's head and tail).
+		export CNI_LEDGER_K8S_CALL_LOG=${CALL_LOG:-0}
+		;;
 	storm)
 		[[ ${2:-} =~ ^[0-9]+$ ]] || usage
+		export CNI_LEDGER_K8S_CALL_LOG=1 # no DEL may name a live pod: read from the log
 		# kubelet's maxPods counts the agent's pod too: the node is given room for N + 1.
 		[ "$2" -le 126 ] || die "N=$2: the old and new addresses would not fit 10.244.0.0/24"
 		if [ "$2" -ge 110 ]; then export CNI_LEDGER_K8S_MAX_PODS=$(($2 + 1)); fi
@@ -597,6 +608,48 @@ EOF
 }
 n_records() { find "$RECORDS" -maxdepth 1 -name "$NET:*.json" 2>/dev/null | wc -l; }
 n_addrs() { find "$ADDRS" -maxdepth 1 -name '10.*' 2>/dev/null | wc -l; }
+# TRACE=1: perf records the plugins' runs, by their names (the agent's own process has
+# the ledger's name too: plugin_time.py counts only programs exec'd from the plugin dirs).
+PLUGINS="cni-ledger bridge host-local portmap loopback"
+trace_filter() { # FIELD...: comm=="a" || ... for each field
+	local f p out=
+	for f; do for p in $PLUGINS; do out+="${out:+ || }$f==\"$p\""; done; done
+	echo "$out"
+}
+trace_start() { # ROUND
+	[ "${TRACE:-0}" = 1 ] || return 0
+	local c s
+	c=$(trace_filter comm)
+	s=$(trace_filter prev_comm next_comm)
+	perf record -q -a -o "$W/trace-$1.perf" -e raw_syscalls:sys_enter --filter "$c" \
+		-e raw_syscalls:sys_exit --filter "$c" -e sched:sched_switch --filter "$s" \
+		-e sched:sched_wakeup --filter "$c" -e sched:sched_process_exec --filter "$c" \
+		-e sched:sched_process_exit --filter "$c" 2>"$W/trace-$1.err" &
+	echo $! >"$W/trace.pid"
+	sleep 2 # perf's start
+}
+trace_stop() { # ROUND VARIANT
+	[ "${TRACE:-0}" = 1 ] || return 0
+	local pid
+	pid=$(cat "$W/trace.pid")
+	kill -INT "$pid"
+	while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
+	perf script -i "$W/trace-$1.perf" -F comm,pid,tid,cpu,time,event,trace >"$W/trace-$1.txt" 2>/dev/null
+	rm -f "$W/trace-$1.perf"
+	echo "$W/trace-$1.txt" >>"$W/trace-$2.list"
+}
+trace_report() { # PODS
+	[ "${TRACE:-0}" = 1 ] || return 0
+	local v args=()
+	for v in with without; do
+		[ -s "$W/trace-$v.list" ] && args+=("$v=$(paste -sd, "$W/trace-$v.list")")
+	done
+	echo "### where the plugins' runs went (TRACE=1)"
+	echo
+	python3 "$here/plugin_time.py" --pods "$1" --under /opt/cni/bin \
+		--under "${CNI_LEDGER_K8S_CNI_BIN:-/usr/lib/cni}" "${args[@]}"
+}
+
 sandboxes() { crictl pods --namespace default --state ready -q 2>/dev/null | sort; }
 failures() {
 	kubectl get events -A -o json | python3 -c 'import json,sys
@@ -670,12 +723,14 @@ steady() {
 		children_cpu containerd >"$W/splugins-$r"
 		: >"$W/sagent-$r"
 		[ -z "$agent_on" ] || agent_cpu >>"$W/sagent-$r"
+		trace_start "$r"
 		if [ -n "${PACE:-}" ]; then
 			py create-paced "$name" "$pods" "$PACE" "$PAUSE" || die "creating the pods"
 		else
 			deployment "$name" "$pods" | kubectl apply -f - >/dev/null
 		fi
 		wait "$watcher" || die "not all $pods pods Ready within 300 s"
+		trace_stop "$r" "$v"
 		head -1 /proc/stat >>"$W/sstat-$r"
 		children_cpu containerd >>"$W/splugins-$r"
 		[ -z "$agent_on" ] || agent_cpu >>"$W/sagent-$r"
@@ -699,6 +754,7 @@ steady() {
 	echo "### steady: $rounds rounds × $pods pods${PACE:+, one every $PACE s}"
 	echo
 	py report-steady "$W/steady.tsv"
+	trace_report "$pods"
 }
 
 # --- storm ------------------------------------------------------------------------------

@@ -56,6 +56,10 @@
 # CNI_LEDGER_K8S_CNI_BIN (the plugins wrapped into the node's /opt/cni/bin, default
 # /usr/lib/cni: Debian's containernetworking-plugins), CNI_LEDGER_K8S_TIMEOUT (seconds to wait for Ready, 240).
 # CNI_LEDGER_K8S_MAX_PODS: kubelet's maxPods (its default, 110, counts the agent's pod too).
+# CNI_LEDGER_K8S_CALL_LOG=0: the plugins copied into the node's /opt/cni/bin as they are,
+# without the logging wrappers and their call log: a node as users run one (each wrapper
+# costs a shell and a `date`, a millisecond or two of CPU per call; bench/k8s-podstart.sh
+# steady times pod starts so).
 # CNI_LEDGER_K8S_IPAM=whereabouts: the pods' addresses from whereabouts (scripts/build-whereabouts.sh
 # builds it) over the same range instead of host-local, its leases in IPPools of the API server:
 # `up` applies the CRDs the build copies once the API server is ready, wraps the plugin into
@@ -351,6 +355,10 @@ write_plugins() {
 	for p in "$CNI_BIN"/* ${WB:+"$WB/bin/whereabouts"}; do
 		[ -f "$p" ] && [ -x "$p" ] || continue
 		name=${p##*/}
+		if [ "${CNI_LEDGER_K8S_CALL_LOG:-1}" = 0 ]; then
+			install -m 755 "$p" "$N/opt/cni/bin/$name"
+			continue
+		fi
 		cat >"$N/opt/cni/bin/$name" <<EOF
 #!/bin/sh
 printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "\$(date +%s.%N)" $name "\$CNI_COMMAND" "\$CNI_CONTAINERID" \
