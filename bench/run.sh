@@ -20,7 +20,10 @@
 #        - the floor: exec of bench/durable-write.c, one process making one 600-byte file
 #          durable exactly as the ledger does (temp 0600 + write + fsync + rename + fsync
 #          of the directory), unlinked + dir-fsynced after each run outside the timing
-#      (/bin/true and `cni-ledger` VERSION are timed too: the exec/startup share).
+#      (/bin/true, `cni-ledger` VERSION, a static C program doing nothing and a static
+#      program with no C library, bench/floor/nolibc.c, are timed too: the exec and
+#      start-up share; bench/floor/cpuid.c times one `cpuid`, the C library's start-up's
+#      probe of the CPU, a trap to the hypervisor in a VM).
 #   2. a real chain ADD through libcni (tests/driver/main.go): [bridge+host-local, portmap]
 #      with and without cni-ledger first, with a portMappings capability arg; libcni DEL
 #      after each ADD, outside the timing; the same container netns for all variants.
@@ -186,6 +189,12 @@ gcc -O2 -Wall -o "$build/noop-plugin" "$here/noop-plugin.c"
 # The same floor statically linked (no dynamic loader): context for a static cni-ledger.
 gcc -O2 -Wall -static -o "$build/durable-write-static" "$here/durable-write.c" 2>/dev/null ||
 	rm -f "$build/durable-write-static"
+# The C library's start-up alone: a static C program doing nothing, against a static
+# program with no C library at all; and what one of the `cpuid`s glibc's start makes costs.
+printf 'int main(void) { return 0; }\n' | gcc -O2 -static -x c -o "$build/libc-static" - 2>/dev/null ||
+	rm -f "$build/libc-static"
+gcc -O2 -Wall -static -nostdlib -o "$build/nolibc" "$here/floor/nolibc.c"
+gcc -O2 -Wall -o "$build/cpuid" "$here/floor/cpuid.c"
 if [ ! -x "$build/cni-driver" ] || [ -n "$(find "$repo/tests/driver" -newer "$build/cni-driver" -print -quit)" ]; then
 	log "building the libcni driver"
 	(cd "$repo" && GO111MODULE=off GOPATH=/usr/share/gocode go build -o "$build/cni-driver" ./tests/driver)
@@ -364,6 +373,9 @@ post-arg f{i}
 $([ -x "$DW-static" ] && printf 'variant floor-static\narg %s\narg %s\narg s{i}\narg 600\npost-arg %s\npost-arg --rm\npost-arg %s\npost-arg s{i}\n' "$DW-static" "$B/floor" "$DW" "$B/floor")
 variant true
 arg /bin/true
+variant nolibc
+arg $build/nolibc
+$([ -x "$build/libc-static" ] && printf 'variant libc-static\narg %s\n' "$build/libc-static")
 variant ledger-version
 arg $LEDGER
 stdin $B/version.json
@@ -540,6 +552,12 @@ if want 1; then
 		read -r fs _ _ _ _ _ <<<"$(med "$R/exec.tsv" floor-static)"
 		ctx="$ctx; floor linked statically: $(ms "$fs")"
 	fi
+	read -r nolibc _ _ _ _ _ <<<"$(med "$R/exec.tsv" nolibc)"
+	if grep -q '^libc-static' "$R/exec.tsv"; then
+		read -r ls _ _ _ _ _ <<<"$(med "$R/exec.tsv" libc-static)"
+		ctx="$ctx; a static C program doing nothing: $(ms "$ls")"
+	fi
+	ctx="$ctx; a static program with no C library: $(ms "$nolibc"); one cpuid: $("$build/cpuid") µs"
 	rows+=("| 1c | (context) floor vs Go plugin; $ctx | $(ms "$floor") | $(ms "$gover") | $(xci "$r" "$l" "$h") | $(x "$c") | | |")
 	if [ -n "${ALT_LEDGER:-}" ]; then
 		read -r alt _ _ _ _ _ <<<"$(med "$R/exec.tsv" add-10-alt)"
