@@ -23,6 +23,7 @@ import sys
 LINE = re.compile(r"\s*(\S+)\s+(\d+)/(\d+)\s+\[\d+\]\s+(\d+\.\d+):\s+(\S+):\s*(.*)")
 SWITCH = re.compile(r"prev_pid=(\d+) .*prev_state=(\S+) ==> next_comm=\S+ next_pid=(\d+)")
 NR = re.compile(r"NR (-?\d+)")
+WAKEE = re.compile(r"\bpid=(\d+)")
 # The x86_64 numbers of the calls a plugin sleeps in; the rest are "other".
 SLEEPS = {0: "read", 74: "fsync", 75: "fsync", 202: "futex", 7: "poll", 232: "epoll", 281: "epoll"}
 EXECVE, EXIT_GROUP = 59, 231
@@ -66,15 +67,14 @@ def parse(path, under):
         _, pid, tid, t, ev, rest = m.groups()
         t = float(t) * 1000.0
         if ev == "sched:sched_process_exec":
-            name = re.search(r"filename=(\S+)", rest).group(1).rsplit("/", 1)[-1]
+            filename = re.search(r"filename=(\S+)", rest).group(1)
             old = threads.get(tid)
             if old is not None and old.run.end is None:
                 # A wrapper script exec'ing the plugin: its stage ends here.
                 old.account(t)
                 old.run.end = t
                 old.run.name = "(wrapper) " + old.run.name
-            filename = re.search(r"filename=(\S+)", rest).group(1)
-            run = Run(name, t)
+            run = Run(filename.rsplit("/", 1)[-1], t)
             if not under or any(filename.startswith(d.rstrip("/") + "/") for d in under):
                 runs.append(run)
             threads[tid] = Thread(run, t, main=True)
@@ -91,6 +91,14 @@ def parse(path, under):
                 th.account(t)
                 th.state = "cpu"
             continue
+        if ev == "sched:sched_wakeup":
+            # Recorded in the waker's context: the woken thread is the event's pid.
+            th = threads.get(WAKEE.search(rest).group(1))
+            if th is not None:
+                th.account(t)
+                if th.state == "asleep":
+                    th.state = "runnable"
+            continue
         th = threads.get(tid)
         if th is None:
             # A new thread of a traced run (a Go plugin's): its first event.
@@ -98,11 +106,7 @@ def parse(path, under):
             if parent is None or not parent.main or parent.run.end is not None:
                 continue
             th = threads[tid] = Thread(parent.run, t, main=False)
-        if ev == "sched:sched_wakeup":
-            th.account(t)
-            if th.state == "asleep":
-                th.state = "runnable"
-        elif ev == "raw_syscalls:sys_enter":
+        if ev == "raw_syscalls:sys_enter":
             th.account(t)
             nr = int(NR.match(rest).group(1))
             th.sys = nr
