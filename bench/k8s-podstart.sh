@@ -625,15 +625,13 @@ trace_start() { # ROUND
 		-e raw_syscalls:sys_exit --filter "$c" -e sched:sched_switch --filter "$s" \
 		-e sched:sched_wakeup --filter "$c" -e sched:sched_process_exec --filter "$c" \
 		-e sched:sched_process_exit --filter "$c" 2>"$W/trace-$1.err" &
-	echo $! >"$W/trace.pid"
+	trace_pid=$!
 	sleep 2 # perf's start
 }
 trace_stop() { # ROUND VARIANT
 	[ "${TRACE:-0}" = 1 ] || return 0
-	local pid
-	pid=$(cat "$W/trace.pid")
-	kill -INT "$pid"
-	while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
+	kill -INT "$trace_pid"
+	wait "$trace_pid" || true
 	perf script -i "$W/trace-$1.perf" -F comm,pid,tid,cpu,time,event,trace >"$W/trace-$1.txt" 2>/dev/null
 	rm -f "$W/trace-$1.perf"
 	echo "$W/trace-$1.txt" >>"$W/trace-$2.list"
